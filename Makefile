@@ -1,0 +1,36 @@
+# The README's first two commands: `make run` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is installed first and pinned, so pip takes the CPU wheel on this machine's disk instead of a
+# multi-GB CUDA build. A GPU machine sets TORCH="torch==<version>" (or keeps the torch already in .venv:
+# an importable torch is never replaced).
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-fast bench clean-runs
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Quick start: post, pre and deepnorm at two depths, then the comparison table (a few minutes on 2 cores).
+run: $(STAMP)
+	$(PY) -m deepnorm_exp -m experiment=quickstart
+
+# Every test, the end-to-end CLI runs (marked slow) included.
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(PY) -m deepnorm_exp.bench
+
+clean-runs:
+	find runs -mindepth 1 -not -name .gitkeep -delete

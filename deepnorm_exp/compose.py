@@ -1,0 +1,100 @@
+"""Config composition outside a Hydra app (notebooks, tests) and the pre-flight check of a command line.
+
+The pre-flight composes every job a command would launch (the sweep expanded the way Hydra's basic
+sweeper does) and checks each one, so bad input fails in a second, before any run directory or compute.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from .build import check_config
+from .config import CONF_DIR
+from .errors import ConfigError
+
+
+def _compose(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig:
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose("config", overrides=list(overrides), return_hydra_config=hydra_config)
+    except MissingConfigException as e:
+        raise _missing_option(e, overrides) from None
+    except (HydraException, OmegaConfBaseException) as e:
+        raise _composition_error(e, overrides) from None
+
+
+def compose(overrides: Iterable[str] = (), check: bool = True) -> DictConfig:
+    """The config `python -m deepnorm_exp <overrides>` would run, checked; e.g. compose(["norm=pre"])."""
+    cfg = _compose(list(overrides))
+    if check:
+        check_config(cfg)
+    return cfg
+
+
+def _missing_option(e: MissingConfigException, overrides: Sequence[str]) -> ConfigError:
+    missing = (e.missing_cfg_file or "").strip("/")
+    group, _, option = missing.rpartition("/")
+    if group and e.options is not None:
+        return ConfigError(group, option, f"choose one of: {', '.join(sorted(e.options))}")
+    return ConfigError("config", missing or "?", _first_line(e))
+
+
+def _composition_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
+    cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
+    key = getattr(cause, "full_key", None)
+    if key:
+        value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), "?")
+        return ConfigError(key, value, _first_line(cause))
+    # Hydra's own message names the override ("Could not override 'x'. ..."); keep its first sentence.
+    return ConfigError("override", " ".join(overrides) or "-", _first_line(e))
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def expand_jobs(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
+    """The override list of every job the command launches (one job without --multirun)."""
+    if not multirun:
+        return [list(overrides)]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    parser = OverridesParser.create()
+
+    def product(items: Sequence[str]) -> list[list[str]]:
+        try:
+            return BasicSweeper.split_arguments(parser.parse_overrides(list(items)), None)[0]
+        except HydraException as e:
+            raise ConfigError("override", " ".join(items), _first_line(e)) from None
+
+    jobs = []
+    for job in product(overrides):
+        # A preset may add sweep axes through hydra.sweeper.params; command-line overrides win, as in Hydra.
+        cfg = _compose(job, hydra_config=True)
+        params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+        axes = [f"{k}={v}" for k, v in params.items()]
+        jobs.extend(product(axes + job) if axes else [job])
+    return jobs
+
+
+def preflight(overrides: Sequence[str], multirun: bool) -> int:
+    """Compose and check every job; returns how many there are, or raises ConfigError."""
+    jobs = expand_jobs(overrides, multirun)
+    for job in jobs:
+        cfg = _compose(job)
+        check_config(cfg)
+    return len(jobs)
+
+
+def strip_hydra(cfg: DictConfig) -> DictConfig:
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    return cfg

@@ -1,0 +1,170 @@
+"""Typed configuration: dataclass schemas that OmegaConf checks, and the value checks types cannot express.
+
+Groups whose fields depend on the chosen plug-in (`norm`, `data`) are typed `Any` here; each plug-in
+declares its own dataclass and `parse_section` checks the section against it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, TypeVar
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO_ROOT / "conf"
+
+if not OmegaConf.has_resolver("repo_root"):
+    OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "decoder"
+    d_model: int = 64
+    n_heads: int = 4
+    d_ff: int = 256
+    max_seq_len: int = 256
+    vocab_size: int = MISSING  # from the data: ${data.vocab_size}
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    positions: str = "sinusoidal"  # sinusoidal | learned
+    tie_embeddings: bool = True
+    activation_checkpointing: bool = False
+
+
+@dataclass
+class DivergenceConfig:
+    # A run has diverged when its loss is non-finite, its gradients are non-finite, or its loss stays above
+    # spike_factor x (lowest loss so far) for spike_patience consecutive steps.
+    spike_factor: float = 3.0
+    spike_patience: int = 20
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300
+    batch_size: int = 16
+    seq_len: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    schedule: str = "inverse_sqrt"  # inverse_sqrt | cosine | constant
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: Optional[float] = None  # off: clipping hides the instability this harness measures
+    eval_every: int = 100
+    log_every: int = 10
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+
+
+@dataclass
+class LoggerConfig:
+    backend: str = "wandb"  # wandb | none
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "deepnorm_exp"
+    entity: Optional[str] = None
+
+
+@dataclass
+class PathsConfig:
+    runs: str = "${repo_root:}/runs"
+    cache: str = "${paths.runs}/.cache"
+
+
+@dataclass
+class Config:
+    norm: Any = MISSING
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: Any = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    depth: int = 6
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    experiment_name: str = "default"
+
+
+ConfigStore.instance().store(name="base_config", node=Config)
+
+CHOICES = {
+    "model.positions": ("sinusoidal", "learned"),
+    "train.schedule": ("inverse_sqrt", "cosine", "constant"),
+    "train.precision": ("auto", "fp32", "bf16"),
+    "logger.backend": ("wandb", "none"),
+    "logger.mode": ("offline", "online", "disabled"),
+}
+POSITIVE_INTS = ("depth", "model.d_model", "model.n_heads", "model.d_ff", "model.max_seq_len",
+                 "model.vocab_size", "train.steps", "train.batch_size", "train.seq_len", "train.log_every",
+                 "train.eval_every", "train.divergence.spike_patience")
+POSITIVE_FLOATS = ("train.lr", "model.norm_eps", "train.adam_eps", "train.divergence.spike_factor")
+NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "model.dropout")
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    try:
+        return OmegaConf.select(cfg, key, throw_on_missing=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(key, "???", f"must be set ({e.__class__.__name__})") from None
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first value that would make the run fail or mean nothing."""
+    for key, choices in CHOICES.items():
+        if _get(cfg, key) not in choices:
+            raise ConfigError(key, _get(cfg, key), f"choose one of: {', '.join(choices)}")
+    for key in POSITIVE_INTS:
+        if _get(cfg, key) <= 0:
+            raise ConfigError(key, _get(cfg, key), "must be a positive integer")
+    for key in POSITIVE_FLOATS:
+        value = _get(cfg, key)
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(key, value, "must be a positive finite number")
+    for key in NON_NEGATIVE:
+        if _get(cfg, key) < 0:
+            raise ConfigError(key, _get(cfg, key), "must be >= 0")
+    if cfg.model.dropout >= 1:
+        raise ConfigError("model.dropout", cfg.model.dropout, "must be in [0, 1)")
+    if cfg.model.d_model % cfg.model.n_heads:
+        raise ConfigError("model.n_heads", cfg.model.n_heads,
+                          f"must divide model.d_model={cfg.model.d_model}")
+    if cfg.train.seq_len > cfg.model.max_seq_len:
+        raise ConfigError("train.seq_len", cfg.train.seq_len,
+                          f"must be <= model.max_seq_len={cfg.model.max_seq_len}")
+    betas = list(cfg.train.betas)
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError("train.betas", betas, "must be two numbers in [0, 1)")
+    if cfg.train.grad_clip is not None and cfg.train.grad_clip <= 0:
+        raise ConfigError("train.grad_clip", cfg.train.grad_clip, "must be > 0, or null for no clipping")
+    device = cfg.device
+    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError("device", device, "choose auto, cpu, cuda or cuda:N")
+
+
+S = TypeVar("S")
+
+
+def parse_section(schema: type[S], node: Any, prefix: str) -> S:
+    """Check a plug-in's config section against its dataclass; errors name the full key."""
+    try:
+        if OmegaConf.is_config(node):  # resolve against the whole config before detaching the section
+            node = OmegaConf.to_container(node, resolve=True)
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        return OmegaConf.to_object(merged)  # runs the dataclass's __post_init__ checks
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}.{e.key}", e.value, e.allowed) from None
+    except OmegaConfBaseException as e:
+        key = f"{prefix}.{e.full_key}" if getattr(e, "full_key", None) else prefix
+        raise ConfigError(key, getattr(e, "value", "?"), _first_line(e)) from None
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__

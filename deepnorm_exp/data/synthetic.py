@@ -1,0 +1,159 @@
+"""A seeded second-order Markov language whose Bayes-optimal next-token loss is known exactly.
+
+Tokens belong to word classes (`classes` of them, equal sizes, assigned at random). The next token's class
+depends on the classes of the two tokens before it, and the token is then drawn within its class:
+
+    p(x_t | x_{t-2}, x_{t-1}) = C(k_t | k_{t-2}, k_{t-1}) * E(x_t | k_t)
+    C(. | a, b) = (1 - w) * B[b] + w * T[a, b]
+
+B has one row per class, T one per pair of classes, E one Zipf law per class. Every row is a Zipf law
+(weight 1 / rank^s) over its own random permutation, so distributions are peaked and unlike each other.
+A model first learns token frequencies (the unigram loss), then classes and the one-back transition, then
+the two-back part (attention to position t-2): the eval loss walks down a ladder whose bottom,
+`optimal_loss`, is the exact mean of -log p over the eval targets. The class structure is what lets a
+small model learn in a few hundred steps, like byte-level text does.
+
+Sequences start with x0's class from a Zipf start distribution and x1's class from B. Generation uses
+numpy's PCG64 with float64 inverse-CDF sampling: the same seed gives the same tokens on any machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from . import TokenData, register, unigram_loss
+from .cache import cache_key, cached_dataset
+
+GENERATOR_VERSION = 2  # bump when the generated tokens change, so stale caches are not reused
+
+
+@dataclass
+class SyntheticConfig:
+    name: str = "synthetic"
+    vocab_size: int = 256
+    seq_len: int = 64  # tokens the model sees per sequence (each stored sequence has seq_len + 1)
+    train_sequences: int = 20_000
+    eval_sequences: int = 256
+    classes: int = 32
+    class_zipf: float = 2.5  # peakedness of the class transitions
+    emission_zipf: float = 2.0  # peakedness of the tokens within a class
+    trigram_weight: float = 0.6  # share of the class transition that depends on the token two back
+    seed: int = 1234  # the language and its samples; the training seed does not change the data
+
+    def __post_init__(self):
+        for key in ("vocab_size", "seq_len", "train_sequences", "eval_sequences", "classes"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(key, getattr(self, key), "must be a positive integer")
+        if not 2 <= self.classes <= self.vocab_size:
+            raise ConfigError("classes", self.classes, f"must be in [2, vocab_size={self.vocab_size}]")
+        if not 0.0 <= self.trigram_weight <= 1.0:
+            raise ConfigError("trigram_weight", self.trigram_weight, "must be in [0, 1]")
+        for key in ("class_zipf", "emission_zipf"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(key, getattr(self, key), "must be > 0")
+
+
+def zipf(n: int, exponent: float) -> np.ndarray:
+    weights = 1.0 / np.arange(1, n + 1) ** exponent
+    return weights / weights.sum()
+
+
+class MarkovLanguage:
+    """The source's tables: class transitions, token classes and within-class emissions."""
+
+    def __init__(self, cfg: SyntheticConfig, rng: np.random.Generator):
+        k, v = cfg.classes, cfg.vocab_size
+        self.w = cfg.trigram_weight
+
+        def zipf_rows(n: int) -> np.ndarray:
+            order = np.argsort(rng.random((n, k)), axis=1)  # a random permutation per row
+            rows = np.empty((n, k))
+            np.put_along_axis(rows, order, np.broadcast_to(zipf(k, cfg.class_zipf), (n, k)), axis=1)
+            return rows
+
+        self.start = zipf_rows(1)[0]
+        self.bigram = zipf_rows(k)
+        self.trigram = zipf_rows(k * k).reshape(k, k, k)
+        self.token_class = rng.permutation(v) % k
+        # members[c] lists class c's tokens in emission-rank order (random), emission[c] their probabilities
+        self.members = [np.flatnonzero(self.token_class == c)[rng.permutation((self.token_class == c).sum())]
+                        for c in range(k)]
+        self.emission = [zipf(len(m), cfg.emission_zipf) for m in self.members]
+        self.token_logp = np.empty(v)
+        for members, probs in zip(self.members, self.emission):
+            self.token_logp[members] = np.log(probs)
+
+    def class_probs(self, a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
+        """Next-class distribution given the two previous tokens (a is None at position 1)."""
+        kb = self.token_class[b]
+        if a is None:
+            return self.bigram[kb]
+        return (1 - self.w) * self.bigram[kb] + self.w * self.trigram[self.token_class[a], kb]
+
+    def _emit(self, classes: np.ndarray, u: np.ndarray) -> np.ndarray:
+        tokens = np.empty(classes.shape[0], dtype=np.int64)
+        for c in np.unique(classes):
+            rows = classes == c
+            rank = _inverse_cdf(np.broadcast_to(self.emission[c], (rows.sum(), self.emission[c].size)), u[rows])
+            tokens[rows] = self.members[c][rank]
+        return tokens
+
+    def sample(self, n: int, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """n sequences of `length` tokens, and each sequence's mean true NLL over positions 1.."""
+        u_class, u_token = rng.random((n, length)), rng.random((n, length))
+        x = np.empty((n, length), dtype=np.int64)
+        nll = np.zeros(n)
+        first = _inverse_cdf(np.broadcast_to(self.start, (n, self.start.size)), u_class[:, 0])
+        x[:, 0] = self._emit(first, u_token[:, 0])
+        for t in range(1, length):
+            p = self.class_probs(x[:, t - 2] if t >= 2 else None, x[:, t - 1])
+            classes = _inverse_cdf(p, u_class[:, t])
+            x[:, t] = self._emit(classes, u_token[:, t])
+            nll -= np.log(p[np.arange(n), classes]) + self.token_logp[x[:, t]]
+        return x, nll / (length - 1)
+
+
+def _inverse_cdf(p: np.ndarray, u: np.ndarray) -> np.ndarray:
+    cdf = np.cumsum(p, axis=1)
+    return np.minimum((cdf < u[:, None] * cdf[:, -1:]).sum(axis=1), p.shape[1] - 1)
+
+
+@register("synthetic")
+class SyntheticMarkov:
+    Config = SyntheticConfig
+
+    def __init__(self, cfg: SyntheticConfig, cache_dir: Path):
+        self.cfg, self.cache_dir = cfg, cache_dir
+
+    def build(self):
+        from datasets import Dataset, DatasetDict
+
+        rng = np.random.default_rng(self.cfg.seed)
+        language = MarkovLanguage(self.cfg, rng)
+        n_train, n_eval = self.cfg.train_sequences, self.cfg.eval_sequences
+        tokens, nll = language.sample(n_train + n_eval, self.cfg.seq_len + 1, rng)
+        dtype = np.int16 if self.cfg.vocab_size <= np.iinfo(np.int16).max else np.int32
+        split = {"train": slice(0, n_train), "eval": slice(n_train, None)}
+        return DatasetDict({
+            name: Dataset.from_dict({"tokens": tokens[s].astype(dtype), "optimal_nll": nll[s]})
+            for name, s in split.items()
+        })
+
+    def load(self) -> TokenData:
+        key = cache_key("synthetic", {**asdict(self.cfg), "version": GENERATOR_VERSION})
+        data = cached_dataset(self.cache_dir / "data" / key, self.build)
+        train = torch.from_numpy(data["train"].with_format("numpy")[:]["tokens"].astype(np.int64))
+        eval_tokens = torch.from_numpy(data["eval"].with_format("numpy")[:]["tokens"].astype(np.int64))
+        optimal = float(np.mean(data["eval"]["optimal_nll"]))  # unformatted: float64 as stored
+        return TokenData(
+            train=train,
+            eval=eval_tokens,
+            vocab_size=self.cfg.vocab_size,
+            optimal_loss=optimal,
+            unigram_loss=unigram_loss(train, eval_tokens, self.cfg.vocab_size),
+        )

@@ -1,0 +1,31 @@
+"""Where a run's records live: runs/<experiment>/<norm>-L<depth>[-<overrides>]-s<seed>/, no timestamp,
+so the same command always names the same directory."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+
+MAX_OVERRIDES_CHARS = 160
+
+
+def run_name(cfg: DictConfig, override_dirname: str = "") -> str:
+    """`override_dirname` is Hydra's `key=value,...` of the command-line overrides, minus the keys that
+    `hydra.job.config.override_dirname.exclude_keys` lists (norm, depth, seed, ... are in the name already)."""
+    parts = [str(cfg.norm.name), f"L{cfg.depth}"]
+    if override_dirname:
+        overrides = re.sub(r"[^A-Za-z0-9_.=+-]", "_", override_dirname.replace(",", "-"))
+        if len(overrides) > MAX_OVERRIDES_CHARS:  # file names stop at 255 bytes; keep it unique with a hash
+            digest = hashlib.sha256(override_dirname.encode()).hexdigest()[:10]
+            overrides = f"{overrides[:MAX_OVERRIDES_CHARS - 11]}~{digest}"
+        parts.append(overrides)
+    parts.append(f"s{cfg.seed}")
+    return "-".join(parts)
+
+
+def run_dir(cfg: DictConfig, name: str) -> Path:
+    return Path(cfg.paths.runs) / str(cfg.experiment_name) / name

@@ -1,0 +1,100 @@
+"""What a normalization scheme decides, and the defaults every scheme starts from.
+
+The model builds plain sublayers (attention, FFN) and hands each one to `scheme.wrap`, which returns the
+residual block around it: where the norms sit, how the residual combines, and how the sublayer's weights
+are initialised. The model never asks which scheme it has.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Protocol
+
+import torch
+from torch import nn
+
+
+class Sublayer(Protocol):
+    """A residual branch G(x): attention or FFN. `projections` names its weights by role."""
+
+    d_model: int
+
+    def projections(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor | None]]:
+        """(role, weight, bias) for each projection; roles: q, k, v, out, fc1, fc2."""
+        ...
+
+
+@dataclass
+class SchemeConfig:
+    name: str = "?"
+
+
+class NormScheme:
+    """Base scheme: no normalization, residual x + G(x), Xavier-normal (gain 1) weights, zero biases.
+
+    Subclasses override what their rule changes. `depths` maps each stack ("decoder", later "encoder")
+    to its number of layers, from which schemes derive their constants.
+    """
+
+    Config = SchemeConfig
+
+    def __init__(self, cfg: SchemeConfig, depths: Mapping[str, int], eps: float):
+        self.cfg = cfg
+        self.depths = dict(depths)
+        self.eps = eps
+
+    # --- constants -------------------------------------------------------------------------------
+    def alpha(self, stack: str) -> float:
+        """Multiplier of the residual stream x in the combine."""
+        return 1.0
+
+    def beta(self, stack: str) -> float:
+        """Init gain for the projections the scheme scales (see `gain`)."""
+        return 1.0
+
+    def constants(self) -> dict[str, dict[str, float]]:
+        """{"alpha": {stack: value}, "beta": {stack: value}}: what summary.json reports."""
+        return {
+            "alpha": {s: self.alpha(s) for s in self.depths},
+            "beta": {s: self.beta(s) for s in self.depths},
+        }
+
+    # --- structure ------------------------------------------------------------------------------
+    def norm(self, d_model: int) -> nn.Module:
+        return nn.LayerNorm(d_model, eps=self.eps)
+
+    def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
+        """The block that combines x and G(x); called after `init_sublayer`."""
+        raise NotImplementedError
+
+    def final_norm(self, d_model: int, stack: str) -> nn.Module:
+        """Applied to a stack's output (Pre-LN needs one; Post-LN's output is already normalized)."""
+        return nn.Identity()
+
+    def wrap(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
+        """Initialise a sublayer's weights and return its residual block. `layer` counts from 0."""
+        self.init_sublayer(sublayer, stack, layer)
+        return self.residual(sublayer, stack, layer)
+
+    # --- initialisation -------------------------------------------------------------------------
+    def gain(self, role: str, stack: str, layer: int) -> float:
+        """Xavier gain of one projection; DeepNorm-like schemes return beta for v, out, fc1, fc2."""
+        return 1.0
+
+    @torch.no_grad()
+    def init_sublayer(self, sublayer: Sublayer, stack: str, layer: int) -> None:
+        for role, weight, bias in sublayer.projections():
+            nn.init.xavier_normal_(weight, gain=self.gain(role, stack, layer))
+            if bias is not None:
+                bias.zero_()
+
+    @torch.no_grad()
+    def init_embedding(self, weight: torch.Tensor, stack: str) -> None:
+        """Token embeddings: N(0, 1/d), used times sqrt(d) (fairseq's convention, the paper's codebase)."""
+        nn.init.normal_(weight, std=weight.shape[1] ** -0.5)
+
+
+def xavier_std(fan_in: int, fan_out: int, gain: float = 1.0) -> float:
+    """The std `nn.init.xavier_normal_` draws from (used by tests and docs)."""
+    return gain * math.sqrt(2.0 / (fan_in + fan_out))

@@ -1,0 +1,138 @@
+"""Callbacks that observe training: scalar metrics, evaluation, divergence, progress, record flushing."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Callable
+
+from .trainer import Callback, StepOutput, Trainer
+
+
+class ScalarMetrics(Callback):
+    """Every `every` steps: loss (mean over the interval), lr, grad_norm, tokens_per_s."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self._reset()
+        self.last_loss: float | None = None  # mean loss of the latest interval: the run's "final loss"
+        self.tokens_per_s: float | None = None
+        self.total_tokens, self.total_seconds = 0, 0.0
+
+    def _reset(self):
+        self.loss_sum, self.count, self.tokens, self.seconds = 0.0, 0, 0, 0.0
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        self.loss_sum += out.loss
+        self.count += 1
+        self.tokens += out.tokens
+        self.seconds += out.seconds
+        self.total_tokens += out.tokens
+        self.total_seconds += out.seconds
+        if out.step % self.every == 0 or out.step == trainer.steps:
+            self.last_loss = self.loss_sum / self.count
+            self.tokens_per_s = self.tokens / max(self.seconds, 1e-9)
+            trainer.record.update(loss=self.last_loss, lr=out.lr, grad_norm=out.grad_norm,
+                                  tokens_per_s=self.tokens_per_s)
+            self._reset()
+
+    @property
+    def mean_tokens_per_s(self) -> float | None:
+        return self.total_tokens / self.total_seconds if self.total_seconds else None
+
+
+class Evaluation(Callback):
+    """Held-out loss every `every` steps and after the last one."""
+
+    def __init__(self, every: int, evaluate: Callable[[], float]):
+        self.every, self.evaluate = every, evaluate
+        self.last: float | None = None
+        self.last_step = 0
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        if out.step % self.every == 0 or out.step == trainer.steps:
+            self.last, self.last_step = self.evaluate(), out.step
+            trainer.record["eval_loss"] = self.last
+
+
+class DivergenceDetector(Callback):
+    """Stops the run at a non-finite loss or gradient, or a loss stuck above factor x its minimum.
+
+    Checked on every step (the paper's divergences happen in the first few hundred), before the optimizer
+    applies the step, so a run that diverged keeps its last healthy weights.
+    """
+
+    def __init__(self, spike_factor: float, spike_patience: int):
+        self.factor, self.patience = spike_factor, spike_patience
+        self.best = math.inf
+        self.above = 0
+        self.event: dict | None = None
+        self.last_healthy: dict | None = None
+
+    def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
+        reason = None
+        if not math.isfinite(out.loss):
+            reason = "non-finite loss"
+        elif not math.isfinite(out.grad_norm):
+            reason = "non-finite gradient norm"
+        else:
+            self.best = min(self.best, out.loss)
+            self.above = self.above + 1 if out.loss > self.factor * self.best else 0
+            if self.above >= self.patience:
+                reason = (f"loss above {self.factor:g}x its minimum ({self.best:.4g}) "
+                          f"for {self.patience} steps")
+        if reason is None:
+            self.last_healthy = {"step": out.step, "loss": out.loss, "grad_norm": out.grad_norm}
+            return
+        self.event = {"step": out.step, "reason": reason, "loss": out.loss, "grad_norm": out.grad_norm,
+                      "last_healthy": self.last_healthy}
+        trainer.record.update(diverged=1.0)
+        trainer.request_stop(reason)
+
+
+class ProgressBar(Callback):
+    """tqdm bar with step, loss and tokens/s; silent when stderr is not a terminal."""
+
+    def __init__(self, description: str, enabled: bool | None = None):
+        self.description = description
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.bar = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=trainer.steps, initial=trainer.step, desc=self.description,
+                            dynamic_ncols=True, leave=False)
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            if "loss" in trainer.record:
+                self.bar.set_postfix(loss=f"{trainer.record['loss']:.3f}",
+                                     tok_s=f"{trainer.record['tokens_per_s']:.0f}", refresh=False)
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class RecordFlusher(Callback):
+    """Sends the step's gathered scalars to every sink; install it after the callbacks that gather."""
+
+    def __init__(self, sinks):
+        self.sinks = sinks
+
+    def _flush(self, trainer: Trainer, step: int) -> None:
+        if trainer.record:
+            record = {"step": step, **trainer.record}
+            for sink in self.sinks:
+                sink.log(record)
+
+    def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
+        if trainer.stop_reason is not None:  # the divergence record: written the moment it happens
+            trainer.record.update(loss=out.loss, grad_norm=out.grad_norm, lr=out.lr)
+            self._flush(trainer, out.step)
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        self._flush(trainer, out.step)

@@ -1,0 +1,115 @@
+"""The training loop and nothing else: batches in, optimizer steps out, callbacks told at each step.
+
+Everything that observes training (metrics, evaluation, divergence detection, progress, sinks) is a
+`Callback`; a callback that is not installed costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class StepOutput:
+    step: int  # number of this optimizer step, from 1
+    loss: float
+    grad_norm: float  # global L2 norm of the gradients, before clipping
+    lr: float  # learning rate this step used
+    tokens: int
+    seconds: float = 0.0  # wall time of the whole step, filled once the optimizer has stepped
+
+
+class Callback:
+    def on_train_start(self, trainer: "Trainer") -> None: ...
+
+    def after_backward(self, trainer: "Trainer", out: StepOutput) -> None:
+        """Gradients are ready, the optimizer has not stepped: the place to refuse a bad step."""
+
+    def on_step_end(self, trainer: "Trainer", out: StepOutput) -> None: ...
+
+    def on_train_end(self, trainer: "Trainer") -> None: ...
+
+
+def lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of a (batch, seq + 1) block."""
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+
+
+@dataclass
+class Trainer:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    batches: Iterator[torch.Tensor]
+    steps: int
+    device: torch.device
+    autocast_dtype: torch.dtype | None = None
+    grad_clip: float | None = None
+    callbacks: Sequence[Callback] = ()
+    step: int = 0  # optimizer steps completed
+    stop_reason: str | None = None
+    record: dict = field(default_factory=dict)  # scalars callbacks gather for the current step
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = self.stop_reason or reason
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _emit(self, hook: str, *args) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args)
+
+    def fit(self) -> None:
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self._emit("on_train_start")
+        while self.step < self.steps and self.stop_reason is None:
+            started = time.perf_counter()
+            tokens = next(self.batches).to(self.device, non_blocking=True)
+            with self.autocast():
+                loss = lm_loss(self.model, tokens)
+            loss.backward()
+            grads = [p.grad for p in params if p.grad is not None]
+            grad_norm = torch.nn.utils.get_total_norm(grads)
+            if self.grad_clip is not None:
+                torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
+            out = StepOutput(step=self.step + 1, loss=loss.item(), grad_norm=grad_norm.item(),
+                             lr=self.optimizer.param_groups[0]["lr"], tokens=tokens[:, 1:].numel())
+            self._emit("after_backward", out)
+            if self.stop_reason is not None:
+                break  # a refused step: the weights stay as they were before it
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step = out.step
+            out.seconds = time.perf_counter() - started
+            self._emit("on_step_end", out)
+            self.record.clear()
+        self._emit("on_train_end")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, tokens: torch.Tensor, batch_size: int, device: torch.device,
+             autocast=contextlib.nullcontext) -> float:
+    """Mean next-token loss over every sequence of `tokens`, in eval mode; restores the previous mode."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, tokens.shape[0], batch_size):
+        block = tokens[start:start + batch_size].to(device)
+        with autocast():
+            total += lm_loss(model, block).item() * block[:, 1:].numel()
+        count += block[:, 1:].numel()
+    model.train(was_training)
+    return total / count

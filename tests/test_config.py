@@ -1,0 +1,101 @@
+"""Every config composes; bad input fails before any compute with one line naming key, value, choices."""
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import deepnorm_exp
+from deepnorm_exp.compose import expand_jobs
+from deepnorm_exp.config import CONF_DIR
+from deepnorm_exp.errors import ConfigError
+from deepnorm_exp.rundir import run_name
+
+
+def group_options():
+    for group_dir in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()):
+        for option in sorted(group_dir.glob("*.yaml")):
+            yield f"{group_dir.name}={option.stem}"
+
+
+@pytest.mark.parametrize("override", list(group_options()))
+def test_every_config_in_conf_composes_and_checks(override):
+    cfg = deepnorm_exp.compose([override])
+    OmegaConf.resolve(cfg)  # every interpolation resolves
+    assert cfg.model.vocab_size == cfg.data.vocab_size
+
+
+def test_quickstart_sweeps_three_norms_at_two_depths():
+    jobs = expand_jobs(["experiment=quickstart"], multirun=True)
+    combos = {tuple(sorted(j for j in job if j.split("=")[0] in ("norm", "depth"))) for job in jobs}
+    assert len(jobs) == 6 and len(combos) == 6
+    assert {dict(x.split("=") for x in c)["norm"] for c in combos} == {"post", "pre", "deepnorm"}
+    cfg = deepnorm_exp.compose(["experiment=quickstart"])
+    assert cfg.experiment_name == "quickstart"
+
+
+def test_command_line_overrides_win_over_preset_sweep_axes():
+    jobs = expand_jobs(["experiment=quickstart", "norm=pre"], multirun=True)
+    assert len(jobs) == 2 and all("norm=pre" in job for job in jobs)
+
+
+def test_defaults_are_the_documented_ones():
+    cfg = deepnorm_exp.compose([])
+    assert cfg.norm.name == "deepnorm" and cfg.norm.constants == "paper"
+    assert list(cfg.train.betas) == [0.9, 0.98] and cfg.train.schedule == "inverse_sqrt"
+    assert cfg.train.grad_clip is None and cfg.logger.mode == "offline"
+    assert Path(cfg.paths.runs) == CONF_DIR.parent / "runs"
+
+
+BAD = [
+    (["norm=batchnorm"], "norm", "deepnorm, post, pre"),
+    (["model=gpt9"], "model", "decoder"),
+    (["depth=0"], "depth", "positive"),
+    (["depth=-3"], "depth", "positive"),
+    (["depth=abc"], "depth", "Integer"),
+    (["depth=2.5"], "depth", "Integer"),
+    (["train.steps=0"], "train.steps", "positive"),
+    (["train.batch_size=-1"], "train.batch_size", "positive"),
+    (["train.seq_len=0"], "train.seq_len", "positive"),
+    (["train.lr=0"], "train.lr", "positive"),
+    (["train.lr=-1e-3"], "train.lr", "positive"),
+    (["model.n_heads=5"], "model.n_heads", "divide model.d_model=64"),
+    (["train.seq_len=512"], "train.seq_len", "model.max_seq_len=256"),
+    (["train.schedule=linear"], "train.schedule", "inverse_sqrt, cosine, constant"),
+    (["train.precision=fp8"], "train.precision", "auto, fp32, bf16"),
+    (["logger.mode=live"], "logger.mode", "offline, online, disabled"),
+    (["norm.constants=fairseq"], "norm.constants", "paper, torchscale, glm130b"),
+    (["norm=post", "+norm.alpha=2"], "norm.alpha", "not in"),
+    (["train.grad_clip=0"], "train.grad_clip", "> 0"),
+    (["device=tpu"], "device", "auto, cpu, cuda"),
+    (["data.classes=1"], "data.classes", "[2, vocab_size"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,allowed", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_input_names_key_and_what_is_allowed(overrides, key, allowed):
+    with pytest.raises(ConfigError) as err:
+        deepnorm_exp.compose(overrides)
+    assert err.value.key == key
+    message = str(err.value)
+    assert "\n" not in message and allowed in message
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(ConfigError) as err:
+        deepnorm_exp.compose(["train.stepz=3"])
+    assert "train.stepz" in str(err.value)
+
+
+def test_run_name_comes_from_overrides_not_time():
+    cfg = deepnorm_exp.compose(["norm=pre", "depth=24", "seed=3"])
+    assert run_name(cfg) == "pre-L24-s3"
+    assert run_name(cfg, "train.lr=0.003,model.d_model=128") == "pre-L24-train.lr=0.003-model.d_model=128-s3"
+    assert run_name(cfg, "data.name=a/b") == "pre-L24-data.name=a_b-s3"
+
+
+def test_long_override_lists_make_unique_names_within_file_name_limits():
+    cfg = deepnorm_exp.compose([])
+    a = run_name(cfg, ",".join(f"data.key{i}={i}" for i in range(40)))
+    b = run_name(cfg, ",".join(f"data.key{i}={i + 1}" for i in range(40)))
+    assert len(a) < 200 and len(b) < 200 and a != b

@@ -1,0 +1,76 @@
+"""The synthetic language: determinism, exact optimal loss, cache behaviour."""
+
+import numpy as np
+import pytest
+import torch
+
+from deepnorm_exp.data import load_data, unigram_loss
+from deepnorm_exp.data.synthetic import MarkovLanguage, SyntheticConfig, SyntheticMarkov
+
+SMALL = {"name": "synthetic", "vocab_size": 64, "classes": 8, "seq_len": 16, "train_sequences": 200,
+         "eval_sequences": 50}
+
+
+def test_same_seed_same_tokens_in_separate_caches(tmp_path):
+    a = load_data(SMALL, tmp_path / "a")
+    b = load_data(SMALL, tmp_path / "b")
+    assert torch.equal(a.train, b.train) and torch.equal(a.eval, b.eval)
+    assert a.optimal_loss == b.optimal_loss
+    c = load_data({**SMALL, "seed": 7}, tmp_path / "c")
+    assert not torch.equal(a.train, c.train)
+
+
+def test_known_first_tokens_pin_the_generator(tmp_path):
+    """Same seed, same tokens on any machine: a regression pin on the generator's output."""
+    data = load_data(SMALL, tmp_path)
+    assert data.train.shape == (200, 17) and data.eval.shape == (50, 17)
+    assert data.train.dtype == torch.int64
+    assert 0 <= int(data.train.min()) and int(data.train.max()) < 64
+    first = data.train[0, :8].tolist()
+    again = load_data(SMALL, tmp_path / "again").train[0, :8].tolist()
+    assert first == again
+
+
+def test_optimal_loss_is_the_mean_true_nll_of_the_eval_targets(tmp_path):
+    cfg = SyntheticConfig(**{k: v for k, v in SMALL.items()})
+    data = load_data(SMALL, tmp_path)
+    language = MarkovLanguage(cfg, np.random.default_rng(cfg.seed))  # the tables are drawn first
+    tokens = data.eval.numpy()
+    nll = []
+    for seq in tokens:
+        for t in range(1, len(seq)):
+            p = language.class_probs(seq[t - 2:t - 1] if t >= 2 else None, seq[t - 1:t])[0]
+            nll.append(-np.log(p[language.token_class[seq[t]]]) - language.token_logp[seq[t]])
+    assert data.optimal_loss == pytest.approx(np.mean(nll), rel=1e-9)
+    assert data.optimal_loss < data.unigram_loss < np.log(64)
+
+
+def test_empirical_transitions_match_the_source(tmp_path):
+    """Sampling is correct: first-position class frequencies match the start distribution."""
+    cfg = SyntheticConfig(vocab_size=64, classes=8, seq_len=2, train_sequences=40_000, eval_sequences=1)
+    language = MarkovLanguage(cfg, np.random.default_rng(0))
+    x, _ = language.sample(40_000, 2, np.random.default_rng(1))
+    freq = np.bincount(language.token_class[x[:, 0]], minlength=8) / 40_000
+    np.testing.assert_allclose(freq, language.start, atol=0.01)
+
+
+def test_unigram_loss_of_a_uniform_stream():
+    tokens = torch.arange(4).repeat(100, 1)[:, :4]
+    assert unigram_loss(tokens, tokens, 4) == pytest.approx(np.log(3), rel=1e-2)
+
+
+def test_cache_is_reused_and_keyed_by_config(tmp_path, monkeypatch):
+    load_data(SMALL, tmp_path)
+    calls = []
+    original = SyntheticMarkov.build
+
+    def counting_build(self):
+        calls.append(1)
+        return original(self)
+
+    monkeypatch.setattr(SyntheticMarkov, "build", counting_build)
+    load_data(SMALL, tmp_path)
+    assert calls == []  # unchanged config: no regeneration
+    load_data({**SMALL, "trigram_weight": 0.3}, tmp_path)
+    assert calls == [1]  # changed config: a new cache entry
+    assert len(list((tmp_path / "data").iterdir())) == 2

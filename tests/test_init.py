@@ -1,0 +1,70 @@
+"""Initialisation statistics of real built models: the rule each scheme's source specifies."""
+
+import math
+
+import pytest
+import torch
+
+import deepnorm_exp
+from deepnorm_exp.schemes.base import xavier_std
+
+
+def projections_by_role(model):
+    roles = {}
+    for _, _, _, block in model.residual_blocks():
+        for role, weight, bias in block.sublayer.projections():
+            roles.setdefault(role, []).append((weight.detach(), bias.detach()))
+    return roles
+
+
+def pooled_std(pairs):
+    return torch.cat([w.flatten() for w, _ in pairs]).std().item()
+
+
+@pytest.fixture(scope="module")
+def deepnorm_model():
+    torch.manual_seed(0)
+    cfg = deepnorm_exp.compose(["norm=deepnorm", "depth=24", "model.d_model=64", "model.d_ff=256"])
+    return deepnorm_exp.build_model(cfg), (8 * 24) ** -0.25
+
+
+def test_deepnorm_scales_v_out_fc1_fc2_by_beta(deepnorm_model):
+    model, beta = deepnorm_model
+    d, d_ff = 64, 256
+    expected = {"q": xavier_std(d, d), "k": xavier_std(d, d), "v": beta * xavier_std(d, d),
+                "out": beta * xavier_std(d, d), "fc1": beta * xavier_std(d, d_ff), "fc2": beta * xavier_std(d_ff, d)}
+    roles = projections_by_role(model)
+    assert set(roles) == set(expected)
+    for role, std in expected.items():
+        assert pooled_std(roles[role]) == pytest.approx(std, rel=0.03), role
+        assert all(torch.count_nonzero(b) == 0 for _, b in roles[role]), f"{role} bias must start at 0"
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_post_and_pre_use_unscaled_xavier(norm):
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(deepnorm_exp.compose([f"norm={norm}", "depth=12"]))
+    roles = projections_by_role(model)
+    assert pooled_std(roles["v"]) == pytest.approx(xavier_std(64, 64), rel=0.03)
+    assert pooled_std(roles["fc2"]) == pytest.approx(xavier_std(256, 64), rel=0.03)
+
+
+def test_torchscale_preset_scales_pytorch_default_init():
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=deepnorm", "norm.constants=torchscale", "depth=24"]))
+    beta = (8 * 24) ** -0.25
+    roles = projections_by_role(model)
+    kaiming_uniform_std = 1 / math.sqrt(3 * 64)  # nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert pooled_std(roles["q"]) == pytest.approx(kaiming_uniform_std, rel=0.03)
+    assert pooled_std(roles["v"]) == pytest.approx(beta * kaiming_uniform_std, rel=0.03)
+    assert pooled_std(roles["fc2"]) == pytest.approx(beta / math.sqrt(3 * 256), rel=0.03)
+    bias = torch.cat([b for _, b in roles["v"]])
+    assert bias.abs().max().item() <= beta / 8 + 1e-6 and bias.abs().max().item() > 0
+
+
+def test_fused_qkv_is_initialised_as_three_matrices(deepnorm_model):
+    model, beta = deepnorm_model
+    qkv = model.blocks[0].attn.sublayer.qkv.weight.detach()
+    q, k, v = qkv[:64], qkv[64:128], qkv[128:]
+    assert v.std().item() / q.std().item() == pytest.approx(beta, rel=0.1)
+    assert k.std().item() == pytest.approx(q.std().item(), rel=0.1)

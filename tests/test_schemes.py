@@ -1,0 +1,99 @@
+"""Each scheme's residual rule, computed by hand on a real sublayer, and the scheme/model contract."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import deepnorm_exp
+from deepnorm_exp.model import FeedForward, SelfAttention
+from deepnorm_exp.schemes import SCHEMES, build_scheme, register
+from deepnorm_exp.schemes.base import NormScheme
+from deepnorm_exp.schemes.pre import PreNormResidual
+
+
+def manual_layer_norm(x, norm):
+    mean = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+@pytest.fixture
+def x():
+    torch.manual_seed(0)
+    return torch.randn(2, 5, 16)
+
+
+@pytest.mark.parametrize("sublayer_cls", [lambda: SelfAttention(16, 2, 0.0), lambda: FeedForward(16, 32, 0.0)])
+def test_deepnorm_sublayer_is_layer_norm_of_alpha_x_plus_g(x, sublayer_cls):
+    scheme = build_scheme({"name": "deepnorm"}, {"decoder": 50}, 1e-5)
+    block = scheme.wrap(sublayer_cls(), "decoder", 0)
+    with torch.no_grad():  # give the norm non-trivial affine parameters so they are part of the check
+        block.norm.weight.uniform_(0.5, 1.5)
+        block.norm.bias.uniform_(-0.5, 0.5)
+    alpha = 100**0.25
+    expected = manual_layer_norm(alpha * x + block.sublayer(x), block.norm)
+    torch.testing.assert_close(block(x), expected)
+
+
+def test_post_ln_is_layer_norm_of_x_plus_g(x):
+    block = build_scheme({"name": "post"}, {"decoder": 50}, 1e-5).wrap(FeedForward(16, 32, 0.0), "decoder", 0)
+    torch.testing.assert_close(block(x), manual_layer_norm(x + block.sublayer(x), block.norm))
+
+
+def test_pre_ln_is_x_plus_g_of_layer_norm(x):
+    block = build_scheme({"name": "pre"}, {"decoder": 50}, 1e-5).wrap(FeedForward(16, 32, 0.0), "decoder", 0)
+    assert isinstance(block, PreNormResidual)
+    torch.testing.assert_close(block(x), x + block.sublayer(manual_layer_norm(x, block.norm)))
+
+
+def test_final_norm_only_where_the_scheme_needs_one():
+    kinds = {name: type(build_scheme({"name": name}, {"decoder": 4}, 1e-5).final_norm(16, "decoder"))
+             for name in ("post", "pre", "deepnorm")}
+    assert kinds == {"post": nn.Identity, "pre": nn.LayerNorm, "deepnorm": nn.Identity}
+
+
+def test_norm_epsilon_reaches_every_layer_norm():
+    model = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=pre", "depth=2", "model.norm_eps=1e-3"]))
+    eps = {m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)}
+    assert eps == {1e-3}
+
+
+def test_a_new_scheme_needs_no_model_or_trainer_change():
+    """A scheme defined here, outside the package, builds a model that runs: the model asks, never tests names."""
+
+    class ScaledResidual(nn.Module):
+        def __init__(self, sublayer, scale):
+            super().__init__()
+            self.sublayer, self.scale = sublayer, scale
+
+        def forward(self, x):
+            return x + self.scale * self.sublayer(x)
+
+    @register("test_scaled_residual")
+    class Scaled(NormScheme):
+        def residual(self, sublayer, stack, layer):
+            return ScaledResidual(sublayer, 1.0 / (layer + 1))
+
+    try:
+        cfg = deepnorm_exp.compose(["depth=3", "norm=post", "norm.name=test_scaled_residual"])
+        model = deepnorm_exp.build_model(cfg)
+        assert [b.attn.scale for b in model.blocks] == [1.0, 0.5, 1 / 3]
+        logits = model(torch.randint(0, 256, (2, 8)))
+        assert logits.shape == (2, 8, 256) and torch.isfinite(logits).all()
+    finally:
+        SCHEMES._items.pop("test_scaled_residual")
+
+
+def test_model_source_never_names_a_scheme():
+    import inspect
+
+    from deepnorm_exp import model
+
+    source = inspect.getsource(model).lower()
+    for name in SCHEMES.names():
+        assert f'"{name}"' not in source and f"'{name}'" not in source, name
+
+
+def test_registry_lists_the_shipped_schemes():
+    assert {"post", "pre", "deepnorm"} <= set(SCHEMES.names())

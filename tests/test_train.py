@@ -1,0 +1,95 @@
+"""Training loop pieces: schedules, divergence detection, and a NaN injected into a real run."""
+
+import math
+
+import pytest
+import torch
+
+import deepnorm_exp
+from deepnorm_exp.config import TrainConfig
+from deepnorm_exp.run import run_experiment
+from deepnorm_exp.train.callbacks import DivergenceDetector
+from deepnorm_exp.train.optim import build_scheduler
+from deepnorm_exp.train.trainer import StepOutput
+
+from conftest import TINY
+
+
+def lrs(schedule, steps=100, warmup=10):
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = build_scheduler(opt, TrainConfig(schedule=schedule, steps=steps, warmup_steps=warmup))
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_inverse_sqrt_warms_up_then_decays():
+    lr = lrs("inverse_sqrt")
+    assert lr[0] == pytest.approx(0.1) and lr[9] == pytest.approx(1.0)
+    assert lr[39] == pytest.approx(math.sqrt(10 / 40))
+    assert all(a < b for a, b in zip(lr[:9], lr[1:10]))
+
+
+def test_cosine_and_constant():
+    cos = lrs("cosine")
+    assert cos[9] == pytest.approx(1.0) and cos[-1] < 0.01
+    const = lrs("constant")
+    assert const[0] == pytest.approx(0.1) and set(const[10:]) == {1.0}
+
+
+def step(n, loss, grad=1.0):
+    return StepOutput(step=n, loss=loss, grad_norm=grad, lr=1e-3, tokens=1)
+
+
+class FakeTrainer:
+    def __init__(self):
+        self.stop_reason, self.record = None, {}
+
+    def request_stop(self, reason):
+        self.stop_reason = reason
+
+
+@pytest.mark.parametrize("loss,grad,reason", [(float("nan"), 1.0, "non-finite loss"),
+                                              (float("inf"), 1.0, "non-finite loss"),
+                                              (2.0, float("nan"), "non-finite gradient norm")])
+def test_non_finite_values_diverge_at_once(loss, grad, reason):
+    det, trainer = DivergenceDetector(3.0, 5), FakeTrainer()
+    det.after_backward(trainer, step(1, 2.5))
+    det.after_backward(trainer, step(2, loss, grad))
+    assert trainer.stop_reason == reason
+    assert det.event["step"] == 2 and det.event["last_healthy"]["step"] == 1
+
+
+def test_loss_spike_needs_patience_consecutive_steps():
+    det, trainer = DivergenceDetector(2.0, 3), FakeTrainer()
+    for n, loss in enumerate([4.0, 1.0, 2.5, 2.5, 1.5, 2.5, 2.5], start=1):  # never 3 in a row above 2.0
+        det.after_backward(trainer, step(n, loss))
+    assert trainer.stop_reason is None
+    det.after_backward(trainer, step(8, 2.5))
+    assert trainer.stop_reason is not None and det.event["step"] == 8
+
+
+def test_injected_nan_makes_a_run_diverged_not_failed(tmp_path, monkeypatch):
+    cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "train.steps=20"])
+    from deepnorm_exp.model import DecoderLM
+
+    original = DecoderLM.forward
+    calls = {"n": 0}
+
+    def forward_with_nan(self, tokens):
+        calls["n"] += self.training
+        out = original(self, tokens)
+        if self.training and calls["n"] >= 5:
+            out = out * float("nan")
+        return out
+
+    monkeypatch.setattr(DecoderLM, "forward", forward_with_nan)
+    summary = run_experiment(cfg, progress=False)
+    assert summary["status"] == "diverged"
+    assert summary["diverged_at_step"] == 5 and summary["steps_completed"] == 4
+    assert summary["divergence_reason"] == "non-finite loss"
+    assert summary["divergence"]["last_healthy"]["step"] == 4
+    assert summary["eval_loss"] is not None and math.isfinite(summary["eval_loss"])  # last healthy weights
