@@ -12,7 +12,7 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .build import check_config
@@ -93,8 +93,3 @@ def preflight(overrides: Sequence[str], multirun: bool) -> int:
         check_config(cfg)
     return len(jobs)
 
-
-def strip_hydra(cfg: DictConfig) -> DictConfig:
-    with open_dict(cfg):
-        cfg.pop("hydra", None)
-    return cfg

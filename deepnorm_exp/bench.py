@@ -1,0 +1,197 @@
+"""`make bench`: the harness against a bare PyTorch loop of the same model, measured side by side.
+
+Reports ratios from one run (absolute times on a shared 2-core machine are noisy):
+  * training step time at depth 1,000 (d_model 64, 4 heads, seq 64, batch 8), harness / bare loop;
+  * peak memory at depths 100 and 1,000: bare loop, harness, harness with activation checkpointing, as the
+    process's peak RSS minus its RSS after imports (libraries differ: the harness also loads datasets and
+    Hydra), and as the whole process's peak RSS;
+  * time from command to first step at depth 6 (data cache warm), with W&B offline and without.
+Each measurement runs in its own process so peak memory is that configuration's alone. Never a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHAPE = ["model.d_model=64", "model.n_heads=4", "model.d_ff=256", "train.seq_len=64", "train.batch_size=8"]
+
+
+# --- the bare loop: the same DeepNorm decoder written plainly, no harness code ------------------------
+def bare_step_times(depth: int, steps: int) -> list[float]:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    d, heads, d_ff, seq, batch, vocab = 64, 4, 256, 64, 8, 256
+    alpha, beta = (2 * depth) ** 0.25, (8 * depth) ** -0.25
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc1, self.fc2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            with torch.no_grad():
+                for i, gain in enumerate((1.0, 1.0, beta)):
+                    nn.init.xavier_normal_(self.qkv.weight[i * d:(i + 1) * d], gain=gain)
+                for lin in (self.out, self.fc1, self.fc2):
+                    nn.init.xavier_normal_(lin.weight, gain=beta)
+                for lin in (self.qkv, self.out, self.fc1, self.fc2):
+                    lin.bias.zero_()
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+            x = self.ln1(alpha * x + self.out(a))
+            return self.ln2(alpha * x + self.fc2(F.gelu(self.fc1(x))))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(depth))
+
+        def forward(self, tokens):
+            x = self.embed(tokens) * math.sqrt(d)
+            for block in self.blocks:
+                x = block(x)
+            return x @ self.embed.weight.t()
+
+    torch.manual_seed(0)
+    model = Model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), weight_decay=0.0, foreach=True)
+    data = torch.randint(0, vocab, (64, seq + 1))
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        tokens = data[torch.randint(0, 64, (batch,))]
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+# --- the harness: the real run path (trainer, callbacks, sinks), step times from metrics.jsonl --------
+def harness_step_times(depth: int, steps: int, checkpointing: bool, root: Path) -> list[float]:
+    from . import compose
+    from .run import run_experiment
+
+    cfg = compose([*SHAPE, "norm=deepnorm", f"depth={depth}", f"train.steps={steps}", "train.log_every=1",
+                   f"train.eval_every={steps}", "logger=none", f"paths.runs={root}", "experiment_name=bench",
+                   "data.eval_sequences=8", f"model.activation_checkpointing={str(checkpointing).lower()}"])
+    summary = run_experiment(cfg, progress=False)
+    tokens_per_step = 8 * 64
+    records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    return [tokens_per_step / r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def child(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.child == "harness":
+        from . import data, run  # noqa: F401 - libraries in memory before the baseline is read
+        from .data import synthetic  # noqa: F401
+    import torch._dynamo  # noqa: F401 - torch.optim imports it on first use; count it in the baseline
+    baseline = current_rss_mb()
+    if args.child == "bare":
+        times = bare_step_times(args.depth, args.steps)
+    else:
+        times = harness_step_times(args.depth, args.steps, args.checkpointing, Path(args.root))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"step_times": times, "peak_rss_mb": peak, "train_mb": peak - baseline}))
+
+
+def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool = False, threads: int = 2) -> dict:
+    cmd = [sys.executable, "-m", "deepnorm_exp.bench", "--child", kind, "--depth", str(depth), "--steps",
+           str(steps), "--root", str(root), "--threads", str(threads)] + (["--checkpointing"] if checkpointing else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    times = sorted(result["step_times"][2:])  # the first steps pay for allocations and warm-up
+    result["median_step_s"] = times[len(times) // 2]
+    return result
+
+
+def time_to_first_step(root: Path, logger: str) -> float:
+    """Seconds from launching the command to the first metrics record on disk (depth 6, cache warm)."""
+    run_root = root / f"first-step-{logger}"
+    cmd = [sys.executable, "-m", "deepnorm_exp", "depth=6", "train.steps=3", "train.log_every=1", f"logger={logger}",
+           f"paths.runs={run_root}", f"paths.cache={root / 'cache'}"]
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    elapsed = math.nan
+    while proc.poll() is None or math.isnan(elapsed):
+        metrics = list(run_root.glob("*/*/metrics.jsonl"))
+        if metrics and metrics[0].read_text().strip():
+            elapsed = time.perf_counter() - started
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    proc.wait()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", choices=["bare", "harness"])
+    parser.add_argument("--depth", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--root", default="")
+    parser.add_argument("--quick", action="store_true", help="depths 10 and 100 instead of 100 and 1,000")
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+
+    deep, shallow = (100, 10) if args.quick else (1000, 100)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        rows = {}
+        for depth in (shallow, deep):
+            rows[depth] = {
+                "bare": measure("bare", depth, args.steps, root),
+                "harness": measure("harness", depth, args.steps, root),
+                "harness_ckpt": measure("harness", depth, args.steps, root, checkpointing=True),
+            }
+        subprocess.run([sys.executable, "-m", "deepnorm_exp", "depth=1", "train.steps=1", "logger=none",
+                        f"paths.runs={root / 'warm'}", f"paths.cache={root / 'cache'}"], check=True,
+                       capture_output=True)  # build the data cache once
+        first = {logger: time_to_first_step(root, logger) for logger in ("none", "wandb")}
+
+    print(f"deepnorm_exp benchmark: d_model 64, 4 heads, seq 64, batch 8, {args.steps} steps, "
+          f"{os.cpu_count()} CPU cores, torch threads 2")
+    print(f"{'depth':>6} {'variant':<13} {'step s':>7} {'vs bare':>8} {'train MB':>9} {'vs bare':>8} {'peak RSS MB':>12}")
+    for depth, variants in rows.items():
+        bare = variants["bare"]
+        for name, r in variants.items():
+            print(f"{depth:>6} {name:<13} {r['median_step_s']:>7.3f} {r['median_step_s'] / bare['median_step_s']:>8.2f} "
+                  f"{r['train_mb']:>9.0f} {r['train_mb'] / bare['train_mb']:>8.2f} {r['peak_rss_mb']:>12.0f}")
+    print("step s: median over the steps after the first two; train MB: peak RSS minus the process's RSS "
+          "after its imports (the memory training itself takes); peak RSS: the whole process")
+    print(f"command to first step at depth 6: {first['none']:.2f} s (logger=none), "
+          f"{first['wandb']:.2f} s (logger=wandb, offline)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""summary.json helpers and the sweep table."""
+
+import json
+import math
+
+import pytest
+
+from deepnorm_exp.summary import format_table, learned_fraction, load_summaries, write_summary
+
+
+def test_learned_fraction_spans_unigram_to_optimal():
+    assert learned_fraction(4.0, unigram=4.0, optimal=2.0) == 0.0
+    assert learned_fraction(2.0, unigram=4.0, optimal=2.0) == 1.0
+    assert learned_fraction(3.5, unigram=4.0, optimal=2.0) == pytest.approx(0.25)
+    assert learned_fraction(2.0, unigram=4.0, optimal=None) == pytest.approx(0.5)
+    assert learned_fraction(float("nan"), unigram=4.0, optimal=2.0) is None
+
+
+def test_summary_json_has_no_nan(tmp_path):
+    write_summary(tmp_path / "summary.json", {"eval_loss": float("nan"), "final_loss": math.inf, "depth": 3})
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"eval_loss": None, "final_loss": None, "depth": 3}
+
+
+def summary(norm, depth, status="completed", trained=True, **extra):
+    return {"run_name": f"{norm}-L{depth}-s0", "norm": norm, "depth": depth, "status": status, "trained": trained,
+            "final_loss": 3.0, "eval_loss": 3.1, "excess_loss": 0.4, "learned_fraction": 0.5,
+            "optimal_loss": 2.7, "unigram_loss": 4.5, "diverged_at_step": extra.get("step"), **extra}
+
+
+def test_table_orders_by_depth_and_marks_untrained_and_diverged(tmp_path):
+    for s in (summary("pre", 48), summary("post", 48, trained=False), summary("post", 6),
+              summary("deepnorm", 6, status="diverged", step=17)):
+        (tmp_path / s["run_name"]).mkdir()
+        write_summary(tmp_path / s["run_name"] / "summary.json", s)
+    lines = format_table(load_summaries(tmp_path)).splitlines()
+    assert [line.split()[0] for line in lines[2:6]] == ["deepnorm-L6-s0", "post-L6-s0", "post-L48-s0", "pre-L48-s0"]
+    assert lines[2].endswith("diverged @17") and lines[4].endswith("(untrained)")
+    assert "optimal loss 2.700" in lines[-1]
