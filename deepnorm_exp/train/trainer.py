@@ -80,8 +80,9 @@ class Trainer:
             with self.autocast():
                 loss = lm_loss(self.model, tokens)
             loss.backward()
-            grads = [p.grad for p in params if p.grad is not None]
-            grad_norm = torch.nn.utils.get_total_norm(grads)
+            # No list of the grads outlives this line: it would keep last step's gradients alive (a
+            # parameter-sized copy of memory) after zero_grad, through the next backward.
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
             if self.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
             out = StepOutput(step=self.step + 1, loss=loss.item(), grad_norm=grad_norm.item(),
