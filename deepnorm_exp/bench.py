@@ -113,12 +113,14 @@ def child(args) -> None:
         from .data import synthetic  # noqa: F401
     import torch._dynamo  # noqa: F401 - torch.optim imports it on first use; count it in the baseline
     baseline = current_rss_mb()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     if args.child == "bare":
         times = bare_step_times(args.depth, args.steps)
     else:
         times = harness_step_times(args.depth, args.steps, args.checkpointing, Path(args.root))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"step_times": times, "peak_rss_mb": peak, "train_mb": peak - baseline}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"step_times": times, "peak_rss_mb": usage.ru_maxrss / 1024, "train_mb": usage.ru_maxrss / 1024 - baseline,
+                      "page_faults_per_step": (usage.ru_minflt - faults) / len(times)}))
 
 
 def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool = False, threads: int = 2) -> dict:

@@ -80,11 +80,8 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
         sinks = build_sinks(cfg, out_dir, name)
         dtype = autocast_dtype(cfg.train.precision, device)
 
-        def autocast():
-            return torch.autocast(device.type, dtype=dtype) if dtype else torch.autocast(device.type, enabled=False)
-
         def eval_loss() -> float:
-            return evaluate(model, data.eval, cfg.train.batch_size, device, autocast)
+            return evaluate(model, data.eval, cfg.train.batch_size, device, dtype)
 
         metrics = ScalarMetrics(cfg.train.log_every)
         evaluation = Evaluation(cfg.train.eval_every, eval_loss)

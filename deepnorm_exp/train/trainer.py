@@ -7,6 +7,7 @@ Everything that observes training (metrics, evaluation, divergence detection, pr
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -37,6 +38,27 @@ class Callback:
     def on_train_end(self, trainer: "Trainer") -> None: ...
 
 
+@contextlib.contextmanager
+def frozen_gc():
+    """Keep Python's cyclic GC off the objects that exist before training.
+
+    Its full collections re-scan every live object: ~370k in a run's process (Hydra, datasets, pandas),
+    about 0.2 s per step at depth 300 on a 2-core CPU. Frozen objects are skipped; unfreezing afterwards
+    lets a later collection free them, so a sweep of runs in one process does not accumulate garbage.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None):
+    """bf16 (or other) autocast when a dtype is given; full precision otherwise."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
 def lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy of a (batch, seq + 1) block."""
     logits = model(tokens[:, :-1])
@@ -61,11 +83,6 @@ class Trainer:
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
 
-    def autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
     def _emit(self, hook: str, *args) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
@@ -74,10 +91,15 @@ class Trainer:
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self._emit("on_train_start")
+        with frozen_gc():
+            self._loop(params)
+        self._emit("on_train_end")
+
+    def _loop(self, params: list[torch.nn.Parameter]) -> None:
         while self.step < self.steps and self.stop_reason is None:
             started = time.perf_counter()
             tokens = next(self.batches).to(self.device, non_blocking=True)
-            with self.autocast():
+            with autocast_context(self.device, self.autocast_dtype):
                 loss = lm_loss(self.model, tokens)
             loss.backward()
             # No list of the grads outlives this line: it would keep last step's gradients alive (a
@@ -97,19 +119,18 @@ class Trainer:
             out.seconds = time.perf_counter() - started
             self._emit("on_step_end", out)
             self.record.clear()
-        self._emit("on_train_end")
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, tokens: torch.Tensor, batch_size: int, device: torch.device,
-             autocast=contextlib.nullcontext) -> float:
+             autocast_dtype: torch.dtype | None = None) -> float:
     """Mean next-token loss over every sequence of `tokens`, in eval mode; restores the previous mode."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     for start in range(0, tokens.shape[0], batch_size):
         block = tokens[start:start + batch_size].to(device)
-        with autocast():
+        with autocast_context(device, autocast_dtype):
             total += lm_loss(model, block).item() * block[:, 1:].numel()
         count += block[:, 1:].numel()
     model.train(was_training)
