@@ -8,15 +8,13 @@ from torch import nn
 from .config import validate
 from .data import check_data_config
 from .errors import ConfigError
-from .model import DecoderLM
+from .models import MODELS
 from .schemes import NormScheme, build_scheme
-
-MODELS = {"decoder": DecoderLM}
 
 
 def model_depths(cfg: DictConfig) -> dict[str, int]:
     """Layers per stack, what a scheme derives its constants from."""
-    return {"decoder": cfg.depth}
+    return MODELS.get(cfg.model.kind).stack_depths(cfg)
 
 
 def make_scheme(cfg: DictConfig) -> NormScheme:
@@ -26,10 +24,12 @@ def make_scheme(cfg: DictConfig) -> NormScheme:
 def check_config(cfg: DictConfig) -> None:
     """Every check that needs no compute: types, ranges, the scheme's and the data source's sections."""
     validate(cfg)
-    if cfg.model.kind not in MODELS:
-        raise ConfigError("model.kind", cfg.model.kind, f"choose one of: {', '.join(MODELS)}")
+    model_cls = MODELS.get(cfg.model.kind)
+    if cfg.model.encoder_depth is not None and "encoder" not in model_cls.stack_depths(cfg):
+        raise ConfigError("model.encoder_depth", cfg.model.encoder_depth,
+                          f"model={cfg.model.kind} has no encoder; use null")
     make_scheme(cfg)
-    check_data_config(cfg.data)
+    check_data_config(cfg.data, model_cls.task)
 
 
 def build_model(cfg: DictConfig, scheme: NormScheme | None = None) -> nn.Module:
@@ -37,4 +37,4 @@ def build_model(cfg: DictConfig, scheme: NormScheme | None = None) -> nn.Module:
     if scheme is None:
         check_config(cfg)
         scheme = make_scheme(cfg)
-    return MODELS[cfg.model.kind](cfg.model, cfg.depth, scheme)
+    return MODELS.get(cfg.model.kind)(cfg.model, model_depths(cfg), scheme)

@@ -37,6 +37,8 @@ class ModelConfig:
     positions: str = "sinusoidal"  # sinusoidal | learned
     tie_embeddings: bool = True
     activation_checkpointing: bool = False
+    encoder_depth: Optional[int] = None  # encdec: layers of the encoder; null = depth
+    decoder_depth: Optional[int] = None  # layers of the decoder; null = depth
 
 
 @dataclass
@@ -131,6 +133,9 @@ def validate(cfg: DictConfig) -> None:
     for key in NON_NEGATIVE:
         if _get(cfg, key) < 0:
             raise ConfigError(key, _get(cfg, key), "must be >= 0")
+    for key in ("model.encoder_depth", "model.decoder_depth"):
+        if _get(cfg, key) is not None and _get(cfg, key) <= 0:
+            raise ConfigError(key, _get(cfg, key), "must be a positive integer, or null for depth")
     if cfg.model.dropout >= 1:
         raise ConfigError("model.dropout", cfg.model.dropout, "must be in [0, 1)")
     if cfg.model.d_model % cfg.model.n_heads:

@@ -12,9 +12,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .build import build_model, check_config, make_scheme
+from .models import MODELS, count_params
 from .data import load_data
 from .errors import ConfigError
-from .model import count_params
 from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
 from .sinks import build_sinks
@@ -65,14 +65,14 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
         **scheme.constants(), "params": None, "tokens_per_s": None, "wall_s": None,
         "experiment": cfg.experiment_name, "run_name": name, "run_dir": str(out_dir), "device": str(device),
-        "error": None,
+        "exact_match": None, "error": None,
     }
     sinks = []
     try:
-        data = load_data(cfg.data, cfg.paths.cache)
-        if cfg.train.batch_size > data.train.shape[0]:
+        data = load_data(cfg.data, cfg.paths.cache, MODELS.get(cfg.model.kind).task)
+        if cfg.train.batch_size > data.train_size:
             raise ConfigError("train.batch_size", cfg.train.batch_size,
-                              f"must be <= the {data.train.shape[0]} training sequences")
+                              f"must be <= the {data.train_size} training examples")
         summary.update(optimal_loss=data.optimal_loss, unigram_loss=data.unigram_loss)
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, scheme).to(device)
@@ -109,6 +109,10 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
                            divergence_reason=divergence.event["reason"], divergence=divergence.event)
         else:
             summary["status"] = "completed"
+        if data.task == "translation":
+            from .translation_eval import exact_match
+
+            summary["exact_match"] = exact_match(model, data, cfg.data.eval_decode, cfg.train.batch_size, device)
     except BaseException as e:
         summary["error"] = f"{type(e).__name__}: {e}"
         raise

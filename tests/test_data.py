@@ -14,20 +14,21 @@ SMALL = {"name": "synthetic", "vocab_size": 64, "classes": 8, "seq_len": 16, "tr
 def test_same_seed_same_tokens_in_separate_caches(tmp_path):
     a = load_data(SMALL, tmp_path / "a")
     b = load_data(SMALL, tmp_path / "b")
-    assert torch.equal(a.train, b.train) and torch.equal(a.eval, b.eval)
+    assert torch.equal(a.train["tokens"], b.train["tokens"]) and torch.equal(a.eval["tokens"], b.eval["tokens"])
     assert a.optimal_loss == b.optimal_loss
     c = load_data({**SMALL, "seed": 7}, tmp_path / "c")
-    assert not torch.equal(a.train, c.train)
+    assert not torch.equal(a.train["tokens"], c.train["tokens"])
 
 
 def test_known_tokens_pin_the_generator(tmp_path):
     """Same seed, same tokens on any machine: numpy's PCG64 and float64 sampling are platform-independent,
     so these values (recorded when the generator was written) must never change without GENERATOR_VERSION."""
     data = load_data(SMALL, tmp_path)
-    assert data.train.shape == (200, 17) and data.eval.shape == (50, 17)
-    assert data.train.dtype == torch.int64
-    assert data.train[0, :12].tolist() == [44, 51, 63, 28, 44, 7, 55, 24, 24, 52, 17, 63]
-    assert data.eval[-1, -6:].tolist() == [17, 28, 4, 28, 16, 42]
+    train, evaluation = data.train["tokens"], data.eval["tokens"]
+    assert train.shape == (200, 17) and evaluation.shape == (50, 17)
+    assert train.dtype == torch.int64
+    assert train[0, :12].tolist() == [44, 51, 63, 28, 44, 7, 55, 24, 24, 52, 17, 63]
+    assert evaluation[-1, -6:].tolist() == [17, 28, 4, 28, 16, 42]
     assert data.optimal_loss == pytest.approx(2.363669936260963, rel=1e-12)
 
 
@@ -35,7 +36,7 @@ def test_optimal_loss_is_the_mean_true_nll_of_the_eval_targets(tmp_path):
     cfg = SyntheticConfig(**{k: v for k, v in SMALL.items()})
     data = load_data(SMALL, tmp_path)
     language = MarkovLanguage(cfg, np.random.default_rng(cfg.seed))  # the tables are drawn first
-    tokens = data.eval.numpy()
+    tokens = data.eval["tokens"].numpy()
     nll = []
     for seq in tokens:
         for t in range(1, len(seq)):
@@ -56,7 +57,8 @@ def test_empirical_transitions_match_the_source(tmp_path):
 
 def test_unigram_loss_of_a_uniform_stream():
     tokens = torch.arange(4).repeat(100, 1)[:, :4]
-    assert unigram_loss(tokens, tokens, 4) == pytest.approx(np.log(3), rel=1e-2)
+    assert unigram_loss(tokens[:, 1:], tokens[:, 1:], 4) == pytest.approx(np.log(3), rel=1e-2)
+    assert unigram_loss(tokens, tokens, 4, pad=0) == pytest.approx(np.log(3), rel=1e-2)
 
 
 def test_cache_is_reused_and_keyed_by_config(tmp_path, monkeypatch):
@@ -64,13 +66,13 @@ def test_cache_is_reused_and_keyed_by_config(tmp_path, monkeypatch):
     calls = []
     original = SyntheticMarkov.build
 
-    def counting_build(self):
-        calls.append(1)
-        return original(self)
+    def counting_build(self, task):
+        calls.append(task)
+        return original(self, task)
 
     monkeypatch.setattr(SyntheticMarkov, "build", counting_build)
     load_data(SMALL, tmp_path)
     assert calls == []  # unchanged config: no regeneration
     load_data({**SMALL, "trigram_weight": 0.3}, tmp_path)
-    assert calls == [1]  # changed config: a new cache entry
+    assert calls == ["lm"]  # changed config: a new cache entry
     assert len(list((tmp_path / "data").iterdir())) == 2

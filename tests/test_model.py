@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import deepnorm_exp
-from deepnorm_exp.train.trainer import lm_loss
 
 
 def tiny_model(*overrides, seed=0):
@@ -47,7 +46,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     grads = []
     for ckpt in ("false", "true"):
         model = tiny_model("norm=deepnorm", f"model.activation_checkpointing={ckpt}", seed=1).train()
-        loss = lm_loss(model, tokens)
+        loss = model.loss({"tokens": tokens}).loss
         loss.backward()
         grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
     torch.testing.assert_close(grads[0][0], grads[1][0])

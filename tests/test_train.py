@@ -75,7 +75,7 @@ def test_loss_spike_needs_patience_consecutive_steps():
 
 def test_injected_nan_makes_a_run_diverged_not_failed(tmp_path, monkeypatch):
     cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "train.steps=20"])
-    from deepnorm_exp.model import DecoderLM
+    from deepnorm_exp.models.decoder import DecoderLM
 
     original = DecoderLM.forward
     calls = {"n": 0}

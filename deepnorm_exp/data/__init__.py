@@ -1,7 +1,7 @@
 """Data sources: each is a module here plus `conf/data/<name>.yaml`, registered by name.
 
-A source turns its config into `TokenData`: fixed-length token sequences for training and evaluation,
-and the reference losses that make a run's eval loss readable.
+A source turns its config into `TaskData` for the task the model trains on (a language-model stream or
+translation pairs), with the reference losses that make a run's eval loss readable.
 """
 
 from __future__ import annotations
@@ -13,43 +13,65 @@ from typing import Any, Optional, Protocol
 import torch
 
 from ..config import parse_section
+from ..errors import ConfigError
 from ..registry import Registry
 
 
 @dataclass
-class TokenData:
-    train: torch.Tensor  # (sequences, seq_len + 1), int64
-    eval: torch.Tensor
+class TaskData:
+    """What a data source hands the trainer. `train`/`eval` map names to tensors with one row per example:
+    task "lm": {"tokens": (n, seq_len + 1)}; task "translation": {"src": (n, S), "tgt": (n, T)} padded with 0,
+    and in `eval` also "reference": the noiseless target (for exact-match accuracy)."""
+
+    task: str
+    train: dict[str, torch.Tensor]
+    eval: dict[str, torch.Tensor]
     vocab_size: int
     optimal_loss: Optional[float]  # Bayes-optimal mean NLL on the eval targets, where the source knows it
     unigram_loss: float  # eval NLL of the training set's token frequencies: what "learned nothing" scores
 
+    @property
+    def train_size(self) -> int:
+        return next(iter(self.train.values())).shape[0]
+
 
 class DataSource(Protocol):
     Config: type
+    tasks: tuple[str, ...]  # the tasks ("lm", "translation") this source can serve
 
     def __init__(self, cfg: Any, cache_dir: Path): ...
 
-    def load(self) -> TokenData: ...
+    def load(self, task: str) -> TaskData: ...
 
 
 SOURCES: Registry[type[DataSource]] = Registry("data", __name__)
 register = SOURCES.register
 
 
-def load_data(data_cfg: Any, cache_dir: str | Path) -> TokenData:
+def _source(data_cfg: Any, task: str) -> type[DataSource]:
     cls = SOURCES.get(data_cfg["name"])
-    return cls(parse_section(cls.Config, data_cfg, "data"), Path(cache_dir)).load()
+    if task not in cls.tasks:
+        serving = [name for name in SOURCES.names() if task in SOURCES.get(name).tasks]
+        raise ConfigError("data", data_cfg["name"], f"the model needs {task} data; choose one of: {', '.join(serving)}")
+    return cls
 
 
-def check_data_config(data_cfg: Any) -> None:
+def load_data(data_cfg: Any, cache_dir: str | Path, task: str = "lm") -> TaskData:
+    cls = _source(data_cfg, task)
+    return cls(parse_section(cls.Config, data_cfg, "data"), Path(cache_dir)).load(task)
+
+
+def check_data_config(data_cfg: Any, task: str = "lm") -> None:
     """Validate the data section without loading anything (used before any compute)."""
-    cls = SOURCES.get(data_cfg["name"])
+    cls = _source(data_cfg, task)
     parse_section(cls.Config, data_cfg, "data")
 
 
-def unigram_loss(train: torch.Tensor, eval_tokens: torch.Tensor, vocab_size: int) -> float:
-    """Cross-entropy on eval targets of add-one-smoothed training-target frequencies."""
-    counts = torch.bincount(train[:, 1:].reshape(-1), minlength=vocab_size).double() + 1.0
+def unigram_loss(train_targets: torch.Tensor, eval_targets: torch.Tensor, vocab_size: int, pad: int | None = None) -> float:
+    """Cross-entropy on eval targets of add-one-smoothed training-target frequencies (`pad` tokens ignored)."""
+    train_targets, eval_targets = train_targets.reshape(-1), eval_targets.reshape(-1)
+    if pad is not None:
+        train_targets, eval_targets = train_targets[train_targets != pad], eval_targets[eval_targets != pad]
+    counts = torch.bincount(train_targets, minlength=vocab_size).double() + 1.0
     log_p = (counts / counts.sum()).log()
-    return float(-log_p[eval_tokens[:, 1:].reshape(-1)].mean())
+    return float(-log_p[eval_targets].mean())

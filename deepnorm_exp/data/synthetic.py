@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from . import TokenData, register, unigram_loss
+from . import TaskData, register, unigram_loss
 from .cache import cache_key, cached_dataset
+from .translation import PAD, language_config, make_pairs
 
 GENERATOR_VERSION = 2  # bump when the generated tokens change, so stale caches are not reused
 
@@ -44,6 +45,12 @@ class SyntheticConfig:
     emission_zipf: float = 2.0  # peakedness of the tokens within a class
     trigram_weight: float = 0.6  # share of the class transition that depends on the token two back
     seed: int = 1234  # the language and its samples; the training seed does not change the data
+    # The translation task (models whose task is "translation", e.g. model=encdec); see translation.py.
+    translation_min_len: int = 4
+    translation_max_len: int = 24
+    translation_reorder: int = 3  # target order reversed within blocks of this many tokens (1: monotone)
+    translation_noise: float = 0.05  # chance a target token is replaced by a random one
+    eval_decode: int = 64  # held-out pairs decoded greedily for exact-match accuracy
 
     def __post_init__(self):
         for key in ("vocab_size", "seq_len", "train_sequences", "eval_sequences", "classes"):
@@ -56,6 +63,14 @@ class SyntheticConfig:
         for key in ("class_zipf", "emission_zipf"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, getattr(self, key), "must be > 0")
+        for key in ("translation_min_len", "translation_reorder", "eval_decode"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(key, getattr(self, key), "must be a positive integer")
+        if self.translation_max_len < self.translation_min_len:
+            raise ConfigError("translation_max_len", self.translation_max_len,
+                              f"must be >= translation_min_len={self.translation_min_len}")
+        if not 0.0 <= self.translation_noise < 1.0:
+            raise ConfigError("translation_noise", self.translation_noise, "must be in [0, 1)")
 
 
 def zipf(n: int, exponent: float) -> np.ndarray:
@@ -125,35 +140,53 @@ def _inverse_cdf(p: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 @register("synthetic")
 class SyntheticMarkov:
+    """The synthetic language as a language-model stream (task "lm") or as translation pairs."""
+
     Config = SyntheticConfig
+    tasks = ("lm", "translation")
 
     def __init__(self, cfg: SyntheticConfig, cache_dir: Path):
         self.cfg, self.cache_dir = cfg, cache_dir
 
-    def build(self):
+    def build(self, task: str):
         from datasets import Dataset, DatasetDict
 
         rng = np.random.default_rng(self.cfg.seed)
-        language = MarkovLanguage(self.cfg, rng)
         n_train, n_eval = self.cfg.train_sequences, self.cfg.eval_sequences
-        tokens, nll = language.sample(n_train + n_eval, self.cfg.seq_len + 1, rng)
-        dtype = np.int16 if self.cfg.vocab_size <= np.iinfo(np.int16).max else np.int32
+        if task == "lm":
+            language = MarkovLanguage(self.cfg, rng)
+            tokens, nll = language.sample(n_train + n_eval, self.cfg.seq_len + 1, rng)
+            dtype = np.int16 if self.cfg.vocab_size <= np.iinfo(np.int16).max else np.int32
+            columns = {"tokens": tokens.astype(dtype), "optimal_nll_sum": nll * self.cfg.seq_len,
+                       "n_targets": np.full(len(nll), self.cfg.seq_len)}
+        else:
+            language = MarkovLanguage(language_config(self.cfg), rng)
+            columns = make_pairs(language, self.cfg, n_train + n_eval, rng)
         split = {"train": slice(0, n_train), "eval": slice(n_train, None)}
-        return DatasetDict({
-            name: Dataset.from_dict({"tokens": tokens[s].astype(dtype), "optimal_nll": nll[s]})
-            for name, s in split.items()
-        })
+        return DatasetDict({name: Dataset.from_dict({k: v[s] for k, v in columns.items()})
+                            for name, s in split.items()})
 
-    def load(self) -> TokenData:
-        key = cache_key("synthetic", {**asdict(self.cfg), "version": GENERATOR_VERSION})
-        data = cached_dataset(self.cache_dir / "data" / key, self.build)
-        train = torch.from_numpy(data["train"].with_format("numpy")[:]["tokens"].astype(np.int64))
-        eval_tokens = torch.from_numpy(data["eval"].with_format("numpy")[:]["tokens"].astype(np.int64))
-        optimal = float(np.mean(data["eval"]["optimal_nll"]))  # unformatted: float64 as stored
-        return TokenData(
+    def load(self, task: str) -> TaskData:
+        fields = {k: v for k, v in asdict(self.cfg).items() if task == "translation" or not k.startswith("translation")}
+        key = cache_key(f"synthetic-{task}", {**fields, "eval_decode": 0, "version": GENERATOR_VERSION})
+        data = cached_dataset(self.cache_dir / "data" / key, lambda: self.build(task))
+
+        def tensors(split: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+            table = data[split].with_format("numpy")[:]
+            return {name: torch.from_numpy(table[name].astype(np.int64)) for name in names}
+
+        names = ("tokens",) if task == "lm" else ("src", "tgt")
+        train = tensors("train", names)
+        evaluation = tensors("eval", names if task == "lm" else (*names, "reference"))
+        # Unformatted columns: float64 as stored.
+        optimal = float(np.sum(data["eval"]["optimal_nll_sum"]) / np.sum(data["eval"]["n_targets"]))
+        target = "tokens" if task == "lm" else "tgt"
+        return TaskData(
+            task=task,
             train=train,
-            eval=eval_tokens,
+            eval=evaluation,
             vocab_size=self.cfg.vocab_size,
             optimal_loss=optimal,
-            unigram_loss=unigram_loss(train, eval_tokens, self.cfg.vocab_size),
+            unigram_loss=unigram_loss(train[target][:, 1:], evaluation[target][:, 1:], self.cfg.vocab_size,
+                                      pad=None if task == "lm" else PAD),
         )

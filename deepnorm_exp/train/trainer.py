@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from .batches import sequential_batches
 
 
 @dataclass
@@ -59,10 +60,8 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None):
     return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
-def lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of a (batch, seq + 1) block."""
-    logits = model(tokens[:, :-1])
-    return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {name: t.to(device, non_blocking=True) for name, t in batch.items()}
 
 
 @dataclass
@@ -70,7 +69,7 @@ class Trainer:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    batches: Iterator[torch.Tensor]
+    batches: Iterator[dict[str, torch.Tensor]]
     steps: int
     device: torch.device
     autocast_dtype: torch.dtype | None = None
@@ -98,9 +97,9 @@ class Trainer:
     def _loop(self, params: list[torch.nn.Parameter]) -> None:
         while self.step < self.steps and self.stop_reason is None:
             started = time.perf_counter()
-            tokens = next(self.batches).to(self.device, non_blocking=True)
+            batch = to_device(next(self.batches), self.device)
             with autocast_context(self.device, self.autocast_dtype):
-                loss = lm_loss(self.model, tokens)
+                loss, tokens = self.model.loss(batch)
             loss.backward()
             # No list of the grads outlives this line: it would keep last step's gradients alive (a
             # parameter-sized copy of memory) after zero_grad, through the next backward.
@@ -108,7 +107,7 @@ class Trainer:
             if self.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
             out = StepOutput(step=self.step + 1, loss=loss.item(), grad_norm=grad_norm.item(),
-                             lr=self.optimizer.param_groups[0]["lr"], tokens=tokens[:, 1:].numel())
+                             lr=self.optimizer.param_groups[0]["lr"], tokens=tokens)
             self._emit("after_backward", out)
             if self.stop_reason is not None:
                 break  # a refused step: the weights stay as they were before it
@@ -122,16 +121,16 @@ class Trainer:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, tokens: torch.Tensor, batch_size: int, device: torch.device,
+def evaluate(model: nn.Module, tensors: dict[str, torch.Tensor], batch_size: int, device: torch.device,
              autocast_dtype: torch.dtype | None = None) -> float:
-    """Mean next-token loss over every sequence of `tokens`, in eval mode; restores the previous mode."""
+    """Mean loss per target token over every example, in eval mode; restores the previous mode."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    for start in range(0, tokens.shape[0], batch_size):
-        block = tokens[start:start + batch_size].to(device)
+    for batch in sequential_batches(tensors, batch_size):
         with autocast_context(device, autocast_dtype):
-            total += lm_loss(model, block).item() * block[:, 1:].numel()
-        count += block[:, 1:].numel()
+            loss, tokens = model.loss(to_device(batch, device))
+        total += loss.item() * tokens
+        count += tokens
     model.train(was_training)
     return total / count

@@ -1,0 +1,61 @@
+"""A synthetic translation task with an exactly known optimal loss, built on the synthetic language.
+
+Source: a sentence of the Markov language (length uniform in [min_len, max_len]). Target: each source token
+mapped through a fixed random bijection of the vocabulary, the order reversed within consecutive blocks of
+`reorder` tokens (so the model must learn an alignment, not a copy), then EOS. With probability `noise`
+each target token (EOS excepted) is replaced by a uniformly drawn one. Given the whole source, the clean
+target is determined, so the Bayes-optimal NLL of a target token is -log(1 - noise + noise / R) where the
+token is the clean one and -log(noise / R) where noise changed it (R real tokens), and 0 at EOS.
+
+Token ids: 0 PAD, 1 BOS, 2 EOS, then the R = vocab_size - 3 real tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+PAD, BOS, EOS = 0, 1, 2
+SPECIALS = 3
+
+
+def reorder_positions(length: int, block: int) -> np.ndarray:
+    """Where each source position lands in the target: reversed within blocks of `block`."""
+    i = np.arange(length)
+    start = (i // block) * block
+    end = np.minimum(start + block, length)
+    return start + (end - 1 - i)
+
+
+def make_pairs(language, cfg, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """n (source, noisy target, clean target) triples, padded; plus each pair's optimal NLL sum and count."""
+    real = cfg.vocab_size - SPECIALS
+    bijection = rng.permutation(real) + SPECIALS
+    words, _ = language.sample(n, cfg.translation_max_len, rng)
+    lengths = rng.integers(cfg.translation_min_len, cfg.translation_max_len + 1, size=n)
+    noise_draw, noise_token = rng.random((n, cfg.translation_max_len)), rng.integers(0, real, (n, cfg.translation_max_len))
+
+    src = np.zeros((n, cfg.translation_max_len), dtype=np.int64)
+    clean = np.zeros((n, cfg.translation_max_len + 2), dtype=np.int64)
+    clean[:, 0] = BOS
+    for row, length in enumerate(lengths):
+        src[row, :length] = words[row, :length] + SPECIALS
+        clean[row, 1 + reorder_positions(length, cfg.translation_reorder)] = bijection[words[row, :length]]
+        clean[row, 1 + length] = EOS
+    noisy = clean.copy()
+    is_real = clean[:, 1:-1] >= SPECIALS
+    replace = (noise_draw < cfg.translation_noise) & is_real
+    noisy[:, 1:-1] = np.where(replace, noise_token + SPECIALS, clean[:, 1:-1])
+
+    p_clean = 1 - cfg.translation_noise + cfg.translation_noise / real
+    token_nll = np.where(noisy[:, 1:-1] == clean[:, 1:-1], -np.log(p_clean),
+                         -np.log(max(cfg.translation_noise, 1e-300) / real))
+    nll_sum = np.where(is_real, token_nll, 0.0).sum(axis=1)  # EOS: NLL 0; PAD: not a target
+    return {"src": src, "tgt": noisy, "reference": clean, "optimal_nll_sum": nll_sum,
+            "n_targets": (lengths + 1).astype(np.int64)}
+
+
+def language_config(cfg):
+    """The synthetic language of the source side: the real tokens only."""
+    return dataclasses.replace(cfg, vocab_size=cfg.vocab_size - SPECIALS)

@@ -1,0 +1,71 @@
+"""Decoder-only Transformer LM whose residual blocks come from a normalization scheme.
+
+The model builds plain sublayers and asks the scheme to wrap them (`scheme.wrap`): the scheme decides
+where the norms sit, how the residual combines and how the weights start. Nothing here knows scheme names.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from ..schemes import NormScheme
+from . import LossOutput, register
+from .layers import Embeddings, FeedForward, SelfAttention, run_blocks
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, scheme: NormScheme, layer: int):
+        super().__init__()
+        self.attn = scheme.wrap(SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout), "decoder", layer)
+        self.ffn = scheme.wrap(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), "decoder", layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn(self.attn(x))
+
+
+@register("decoder")
+class DecoderLM(nn.Module):
+    task = "lm"
+
+    @staticmethod
+    def stack_depths(cfg) -> dict[str, int]:
+        return {"decoder": cfg.model.decoder_depth or cfg.depth}
+
+    def __init__(self, cfg: ModelConfig, depths: dict[str, int], scheme: NormScheme):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embeddings(cfg, scheme, "decoder")
+        self.blocks = nn.ModuleList(DecoderBlock(cfg, scheme, layer) for layer in range(depths["decoder"]))
+        self.final_norm = scheme.final_norm(cfg.d_model, "decoder")
+        self.head = None
+        if not cfg.tie_embeddings:
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            scheme.init_embedding(self.head.weight, "decoder")
+
+    def features(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final hidden state F(x), (batch, seq, d_model)."""
+        checkpointing = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled()
+        return self.final_norm(run_blocks(self.blocks, self.embed(tokens), checkpointing))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Next-token logits, (batch, seq, vocab)."""
+        head = self.head.weight if self.head is not None else self.embed.token.weight
+        return F.linear(self.features(tokens), head)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """Mean next-token cross-entropy of `batch["tokens"]`, (batch, seq + 1)."""
+        tokens = batch["tokens"]
+        logits = self(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        return LossOutput(loss, tokens[:, 1:].numel())
+
+    def residual_blocks(self) -> Iterator[tuple[str, int, str, nn.Module]]:
+        """(stack, layer, sublayer name, residual block) for every sublayer, bottom to top."""
+        for layer, block in enumerate(self.blocks):
+            yield "decoder", layer, "attn", block.attn
+            yield "decoder", layer, "ffn", block.ffn

@@ -1,0 +1,125 @@
+"""The sublayers every model is built from. Each names its projections by role for the scheme's init."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    batch, seq, d = x.shape
+    return x.view(batch, seq, n_heads, d // n_heads).transpose(1, 2)
+
+
+def _merge(y: torch.Tensor) -> torch.Tensor:
+    batch, heads, seq, head_dim = y.shape
+    return y.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention through `scaled_dot_product_attention`, causal or with a key mask.
+
+    q, k and v live in one fused weight for speed (one matmul instead of three) but are initialised as
+    three separate d x d matrices, since DeepNorm scales v and not q or k.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, causal: bool = True):
+        super().__init__()
+        self.d_model, self.n_heads, self.dropout, self.causal = d_model, n_heads, dropout, causal
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def projections(self):
+        d = self.d_model
+        for i, role in enumerate(("q", "k", "v")):
+            yield role, self.qkv.weight[i * d:(i + 1) * d], self.qkv.bias[i * d:(i + 1) * d]
+        yield "out", self.out.weight, self.out.bias
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`key_mask`: (batch, 1, 1, seq) bool, True where a key may be attended (non-causal use)."""
+        batch, seq, d = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=self.causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(_merge(y))
+
+
+class CrossAttention(nn.Module):
+    """Decoder-to-encoder attention: queries from x, keys and values from the encoder's output."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.d_model, self.n_heads, self.dropout = d_model, n_heads, dropout
+        self.q = nn.Linear(d_model, d_model)
+        self.kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def projections(self):
+        d = self.d_model
+        yield "q", self.q.weight, self.q.bias
+        yield "k", self.kv.weight[:d], self.kv.bias[:d]
+        yield "v", self.kv.weight[d:], self.kv.bias[d:]
+        yield "out", self.out.weight, self.out.bias
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        y = F.scaled_dot_product_attention(_heads(self.q(x), self.n_heads), _heads(k, self.n_heads),
+                                           _heads(v, self.n_heads), attn_mask=memory_mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(_merge(y))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.d_model = d_model
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def projections(self):
+        yield "fc1", self.fc1.weight, self.fc1.bias
+        yield "fc2", self.fc2.weight, self.fc2.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(F.gelu(self.fc1(x))))
+
+
+def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
+    position = torch.arange(n_positions, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq[: d_model // 2])
+    return table
+
+
+class Embeddings(nn.Module):
+    """Token embedding times sqrt(d) (fairseq's convention, the paper's codebase) plus positions."""
+
+    def __init__(self, cfg, scheme, stack: str):
+        super().__init__()
+        self.token = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        scheme.init_embedding(self.token.weight, stack)
+        self.scale = math.sqrt(cfg.d_model)
+        if cfg.positions == "learned":  # fairseq's learned positions: N(0, 1/d), not scaled
+            self.pos = nn.Parameter(torch.empty(cfg.max_seq_len, cfg.d_model))
+            scheme.init_embedding(self.pos, stack)
+        else:
+            self.register_buffer("pos", sinusoidal_positions(cfg.max_seq_len, cfg.d_model), persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.token(tokens) * self.scale + self.pos[: tokens.shape[1]])
+
+
+def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool, *args) -> torch.Tensor:
+    """Apply blocks in order; with `checkpointing`, keep only each block's input for the backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks:
+        x = checkpoint(block, x, *args, use_reentrant=False) if checkpointing else block(x, *args)
+    return x
