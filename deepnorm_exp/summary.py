@@ -48,12 +48,12 @@ def format_summary(s: dict) -> str:
     lines = [
         f"{s['norm']} L{s['depth']} seed {s['seed']}  ->  {s['run_dir']}",
         f"  status      {state}",
-        f"  steps       {s['steps_completed']}/{s['steps']} in {s['wall_s']:.1f} s, "
+        f"  steps       {s['steps_completed']}/{s['steps']} in {_fmt(s['wall_s'], '.1f')} s, "
         f"{_fmt(s['tokens_per_s'], ',.0f')} tokens/s on {s['device']}",
         f"  loss        final {_fmt(s['final_loss'])}  eval {_fmt(s['eval_loss'])}  "
         f"optimal {_fmt(s['optimal_loss'])}  excess {_fmt(s['excess_loss'])}  unigram {_fmt(s['unigram_loss'])}",
         f"  alpha/beta  {constants}",
-        f"  params      {s['params']:,}",
+        f"  params      {_fmt(s['params'], ',')}",
     ]
     return "\n".join(lines)
 

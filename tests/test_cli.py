@@ -81,3 +81,16 @@ def test_wandb_offline_run_lands_in_the_run_directory(cli, tiny, runs_root):
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("*.wandb"))
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+
+def test_encoder_decoder_run_reports_both_stacks_and_exact_match(cli, tiny, runs_root):
+    result = cli("model=encdec", "norm=deepnorm", "depth=2", "model.encoder_depth=3", "data.translation_max_len=6",
+                 "data.eval_decode=4", *tiny)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((only_run(runs_root / "default") / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["model"] == "encdec"
+    assert summary["alpha"] == {"encoder": pytest.approx(0.81 * (3**4 * 2) ** (1 / 16)),
+                                "decoder": pytest.approx(6**0.25)}
+    assert set(summary["beta"]) == {"encoder", "decoder"}
+    assert 0.0 <= summary["exact_match"] <= 1.0 and summary["optimal_loss"] > 0
+    assert summary["excess_loss"] == pytest.approx(summary["eval_loss"] - summary["optimal_loss"])

@@ -18,9 +18,12 @@ def group_options():
             yield f"{group_dir.name}={option.stem}"
 
 
+COMPANIONS = {"data=translation_hub": ["model=encdec"]}  # options that only make sense with another
+
+
 @pytest.mark.parametrize("override", list(group_options()))
 def test_every_config_in_conf_composes_and_checks(override):
-    cfg = deepnorm_exp.compose([override])
+    cfg = deepnorm_exp.compose([override, *COMPANIONS.get(override, [])])
     OmegaConf.resolve(cfg)  # every interpolation resolves
     assert cfg.model.vocab_size == cfg.data.vocab_size
 
@@ -68,7 +71,11 @@ BAD = [
     (["norm=post", "+norm.alpha=2"], "norm.alpha", "not in"),
     (["train.grad_clip=0"], "train.grad_clip", "> 0"),
     (["device=tpu"], "device", "auto, cpu, cuda"),
-    (["data.classes=1"], "data.classes", "[2, vocab_size"),
+    (["data.classes=1"], "data.classes", "[2, vocab_size - 3=253]"),
+    (["data.vocab_size=32"], "data.classes", "[2, vocab_size - 3=29]"),
+    (["data=translation_hub"], "data", "needs lm data; choose one of: synthetic"),
+    (["model=encdec", "data.translation_max_len=2"], "data.translation_max_len", ">= translation_min_len=4"),
+    (["model=encdec", "model.encoder_depth=0"], "model.encoder_depth", "positive"),
 ]
 
 

@@ -56,8 +56,9 @@ class SyntheticConfig:
         for key in ("vocab_size", "seq_len", "train_sequences", "eval_sequences", "classes"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, getattr(self, key), "must be a positive integer")
-        if not 2 <= self.classes <= self.vocab_size:
-            raise ConfigError("classes", self.classes, f"must be in [2, vocab_size={self.vocab_size}]")
+        # 3 ids are reserved for the translation task's PAD, BOS, EOS; the check holds for both tasks
+        if not 2 <= self.classes <= self.vocab_size - 3:
+            raise ConfigError("classes", self.classes, f"must be in [2, vocab_size - 3={self.vocab_size - 3}]")
         if not 0.0 <= self.trigram_weight <= 1.0:
             raise ConfigError("trigram_weight", self.trigram_weight, "must be in [0, 1]")
         for key in ("class_zipf", "emission_zipf"):

@@ -1,0 +1,107 @@
+"""Parallel text from the Hugging Face hub (or a local copy of it) through `datasets`, byte-level tokens.
+
+`data=translation_hub` loads `load_dataset(data.path, data.config)`: any dataset whose rows hold a
+`translation` dict keyed by language (IWSLT 2017, WMT, OPUS-100 all do). `data.path` may also be a local
+directory of parquet/json files laid out like the hub's (train.*, validation.*): the same code runs for
+both, and the tests use that. Where the hub is unreachable and the cache lacks the dataset, loading stops
+with one line naming HF_HUB_OFFLINE and the cache path.
+
+Tokens: PAD 0, BOS 1, EOS 2, then the 256 byte values of the UTF-8 text (vocabulary 259, shared by both
+languages). Sides longer than `max_len` bytes are cut.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from . import TaskData, register, unigram_loss
+from .translation import BOS, EOS, PAD, SPECIALS
+
+BYTE_VOCAB = 256 + SPECIALS
+
+
+@dataclass
+class HubTranslationConfig:
+    name: str = "translation_hub"
+    path: str = "IWSLT/iwslt2017"  # hub id, or a local directory laid out like one
+    config: Optional[str] = "iwslt2017-de-en"
+    source_lang: str = "de"
+    target_lang: str = "en"
+    train_split: str = "train"
+    eval_split: str = "validation"
+    max_len: int = 128  # bytes per side
+    max_train_pairs: Optional[int] = None  # the first n training pairs (None: all)
+    max_eval_pairs: int = 512
+    eval_decode: int = 64
+    vocab_size: int = BYTE_VOCAB
+
+    def __post_init__(self):
+        if self.vocab_size != BYTE_VOCAB:
+            raise ConfigError("vocab_size", self.vocab_size, f"the byte tokenizer has {BYTE_VOCAB} tokens")
+        for key in ("max_len", "max_eval_pairs", "eval_decode"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(key, getattr(self, key), "must be a positive integer")
+
+
+def encode(texts: list[str], max_len: int, bos: bool) -> np.ndarray:
+    """Byte tokens, EOS-terminated (and BOS-started for targets), padded to one width."""
+    width = max_len + 1 + bos
+    out = np.full((len(texts), width), PAD, dtype=np.int64)
+    for row, text in enumerate(texts):
+        ids = [BOS] * bos + [b + SPECIALS for b in text.encode("utf-8")[:max_len]] + [EOS]
+        out[row, :len(ids)] = ids
+    return out
+
+
+def decode(tokens) -> str:
+    return bytes(t - SPECIALS for t in tokens if t >= SPECIALS).decode("utf-8", errors="replace")
+
+
+@register("translation_hub")
+class HubTranslation:
+    Config = HubTranslationConfig
+    tasks = ("translation",)
+
+    def __init__(self, cfg: HubTranslationConfig, cache_dir: Path):
+        self.cfg, self.cache_dir = cfg, cache_dir
+
+    def _split(self, split: str, limit: Optional[int]):
+        from datasets import load_dataset
+
+        try:
+            data = load_dataset(self.cfg.path, self.cfg.config, split=split)
+        except (ConnectionError, OSError, ValueError, FileNotFoundError) as e:
+            cache = os.environ.get("HF_DATASETS_CACHE", str(Path.home() / ".cache" / "huggingface" / "datasets"))
+            raise ConfigError("data.path", self.cfg.path,
+                              f"could not load split {split!r} ({type(e).__name__}); the hub is unreachable "
+                              f"and {cache} does not hold it: download it where the hub is reachable, or set "
+                              f"HF_HUB_OFFLINE=1 with a filled cache, or point data.path at a local copy") from None
+        if limit is not None:
+            data = data.select(range(min(limit, len(data))))
+        return data
+
+    def _tensors(self, split: str, limit: Optional[int]) -> dict[str, torch.Tensor]:
+        rows = self._split(split, limit)["translation"]
+        try:
+            src = [r[self.cfg.source_lang] for r in rows]
+            tgt = [r[self.cfg.target_lang] for r in rows]
+        except KeyError as e:
+            raise ConfigError("data.source_lang/target_lang", e.args[0],
+                              f"rows hold languages {sorted(rows[0]) if rows else []}") from None
+        tgt_tokens = torch.from_numpy(encode(tgt, self.cfg.max_len, bos=True))
+        return {"src": torch.from_numpy(encode(src, self.cfg.max_len, bos=False)), "tgt": tgt_tokens,
+                "reference": tgt_tokens}
+
+    def load(self, task: str) -> TaskData:
+        train = self._tensors(self.cfg.train_split, self.cfg.max_train_pairs)
+        evaluation = self._tensors(self.cfg.eval_split, self.cfg.max_eval_pairs)
+        train.pop("reference")
+        return TaskData(task=task, train=train, eval=evaluation, vocab_size=BYTE_VOCAB, optimal_loss=None,
+                        unigram_loss=unigram_loss(train["tgt"][:, 1:], evaluation["tgt"][:, 1:], BYTE_VOCAB, pad=PAD))
