@@ -86,16 +86,20 @@ def bare_step_times(depth: int, steps: int) -> list[float]:
 
 
 # --- the harness: the real run path (trainer, callbacks, sinks), step times from metrics.jsonl --------
-def harness_step_times(depth: int, steps: int, checkpointing: bool, root: Path) -> list[float]:
+# Encoder-decoder at the decoder's token count: 8 pairs of 63 source and 64 target-input tokens per step.
+ENCDEC = ["model=encdec", "data.translation_min_len=63", "data.translation_max_len=63", "data.eval_decode=8"]
+
+
+def harness_step_times(depth: int, steps: int, checkpointing: bool, root: Path, extra: list[str]) -> list[float]:
     from . import compose
     from .run import run_experiment
 
     cfg = compose([*SHAPE, "norm=deepnorm", f"depth={depth}", f"train.steps={steps}", "train.log_every=1",
                    f"train.eval_every={steps}", "logger=none", f"paths.runs={root}", "experiment_name=bench",
-                   "data.eval_sequences=8", f"model.activation_checkpointing={str(checkpointing).lower()}"])
+                   "data.eval_sequences=8", f"model.activation_checkpointing={str(checkpointing).lower()}", *extra])
     summary = run_experiment(cfg, progress=False)
-    tokens_per_step = 8 * 64
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    tokens_per_step = 8 * 64  # target tokens: 8 x 64 for the decoder, 8 x (63 + EOS) for ENCDEC
     return [tokens_per_step / r["tokens_per_s"] for r in records if "tokens_per_s" in r]
 
 
@@ -117,15 +121,18 @@ def child(args) -> None:
     if args.child == "bare":
         times = bare_step_times(args.depth, args.steps)
     else:
-        times = harness_step_times(args.depth, args.steps, args.checkpointing, Path(args.root))
+        times = harness_step_times(args.depth, args.steps, args.checkpointing, Path(args.root),
+                                   ENCDEC if args.encdec else [])
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"step_times": times, "peak_rss_mb": usage.ru_maxrss / 1024, "train_mb": usage.ru_maxrss / 1024 - baseline,
                       "page_faults_per_step": (usage.ru_minflt - faults) / len(times)}))
 
 
-def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool = False, threads: int = 2) -> dict:
+def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool = False, threads: int = 2,
+            encdec: bool = False) -> dict:
     cmd = [sys.executable, "-m", "deepnorm_exp.bench", "--child", kind, "--depth", str(depth), "--steps",
            str(steps), "--root", str(root), "--threads", str(threads)] + (["--checkpointing"] if checkpointing else [])
+    cmd += ["--encdec"] if encdec else []
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     times = sorted(result["step_times"][2:])  # the first steps pay for allocations and warm-up
@@ -161,6 +168,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="alternating bare/harness measurements per depth")
     parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--encdec", action="store_true", help="child: the encoder-decoder model")
+    parser.add_argument("--sections", default="decoder,encdec,startup",
+                        help="comma-separated: decoder (bare vs harness), encdec (100L-100L vs 200L), startup")
     parser.add_argument("--root", default="")
     parser.add_argument("--quick", action="store_true", help="depths 10 and 100 instead of 100 and 1,000")
     args = parser.parse_args()
@@ -168,35 +178,51 @@ def main() -> None:
         return child(args)
 
     deep, shallow = (100, 10) if args.quick else (1000, 100)
+    sections = set(args.sections.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        rows = {}
-        for depth in (shallow, deep):
-            # Bare and harness alternate, `rounds` times each; each keeps its least disturbed round.
-            runs = {"bare": [], "harness": [], "harness_ckpt": []}
+        print(f"deepnorm_exp benchmark: d_model 64, 4 heads, seq 64, batch 8, {args.steps} steps, "
+              f"{args.rounds} alternating rounds, {os.cpu_count()} CPU cores, torch threads {args.threads}")
+        if "decoder" in sections:
+            rows = {}
+            for depth in (shallow, deep):
+                # Bare and harness alternate, `rounds` times each; each keeps its least disturbed round.
+                runs = {"bare": [], "harness": [], "harness_ckpt": []}
+                for _ in range(args.rounds):
+                    runs["bare"].append(measure("bare", depth, args.steps, root))
+                    runs["harness"].append(measure("harness", depth, args.steps, root))
+                runs["harness_ckpt"].append(measure("harness", depth, args.steps, root, checkpointing=True))
+                rows[depth] = {name: min(results, key=lambda r: r["median_step_s"]) for name, results in runs.items()}
+            print_decoder_table(rows)
+        if "encdec" in sections:
+            layers = shallow  # 100L-100L against a 200-layer decoder
+            pair = {"encdec": [], "decoder": []}
             for _ in range(args.rounds):
-                runs["bare"].append(measure("bare", depth, args.steps, root))
-                runs["harness"].append(measure("harness", depth, args.steps, root))
-            runs["harness_ckpt"].append(measure("harness", depth, args.steps, root, checkpointing=True))
-            rows[depth] = {name: min(results, key=lambda r: r["median_step_s"]) for name, results in runs.items()}
-        subprocess.run([sys.executable, "-m", "deepnorm_exp", "depth=1", "train.steps=1", "logger=none",
-                        f"paths.runs={root / 'warm'}", f"paths.cache={root / 'cache'}"], check=True,
-                       capture_output=True)  # build the data cache once
-        first = {logger: time_to_first_step(root, logger) for logger in ("none", "wandb")}
+                pair["encdec"].append(measure("harness", layers, args.steps, root, encdec=True))
+                pair["decoder"].append(measure("harness", 2 * layers, args.steps, root))
+            best = {name: min(results, key=lambda r: r["median_step_s"]) for name, results in pair.items()}
+            ratio = best["encdec"]["median_step_s"] / best["decoder"]["median_step_s"]
+            print(f"encoder-decoder {layers}L-{layers}L: {best['encdec']['median_step_s']:.3f} s/step, "
+                  f"{ratio:.2f}x the {2 * layers}-layer decoder ({best['decoder']['median_step_s']:.3f} s/step); "
+                  f"train MB {best['encdec']['train_mb']:.0f} vs {best['decoder']['train_mb']:.0f}")
+        if "startup" in sections:
+            subprocess.run([sys.executable, "-m", "deepnorm_exp", "depth=1", "train.steps=1", "logger=none",
+                            f"paths.runs={root / 'warm'}", f"paths.cache={root / 'cache'}"], check=True,
+                           capture_output=True)  # build the data cache once
+            first = {logger: time_to_first_step(root, logger) for logger in ("none", "wandb")}
+            print(f"command to first step at depth 6: {first['none']:.2f} s (logger=none), "
+                  f"{first['wandb']:.2f} s (logger=wandb, offline)")
 
-    print(f"deepnorm_exp benchmark: d_model 64, 4 heads, seq 64, batch 8, {args.steps} steps, "
-          f"{args.rounds} alternating rounds, {os.cpu_count()} CPU cores, torch threads {args.threads}")
+
+def print_decoder_table(rows: dict) -> None:
     print(f"{'depth':>6} {'variant':<13} {'step s':>7} {'vs bare':>8} {'train MB':>9} {'vs bare':>8} {'peak RSS MB':>12}")
     for depth, variants in rows.items():
         bare = variants["bare"]
         for name, r in variants.items():
             print(f"{depth:>6} {name:<13} {r['median_step_s']:>7.3f} {r['median_step_s'] / bare['median_step_s']:>8.2f} "
                   f"{r['train_mb']:>9.0f} {r['train_mb'] / bare['train_mb']:>8.2f} {r['peak_rss_mb']:>12.0f}")
-    print("step s: median over the steps after the first two, best of the rounds; train MB: peak RSS minus the process's RSS "
-          "after its imports (the memory training itself takes); peak RSS: the whole process")
-    print(f"command to first step at depth 6: {first['none']:.2f} s (logger=none), "
-          f"{first['wandb']:.2f} s (logger=wandb, offline)")
-
+    print("step s: median over the steps after the first two, best of the rounds; train MB: peak RSS minus the "
+          "process's RSS after its imports (the memory training itself takes); peak RSS: the whole process")
 
 if __name__ == "__main__":
     main()
