@@ -67,13 +67,14 @@ def format_table(summaries: list[dict]) -> str:
     if not summaries:
         return "(no runs)"
     rows = sorted(summaries, key=lambda s: (s["depth"], s["norm"], s["run_name"]))
-    header = f"{'run':<34} {'norm':<10} {'depth':>5} {'final':>7} {'eval':>7} {'excess':>7} {'learned':>7}  status"
+    width = max(len(s["run_name"]) for s in rows)
+    header = f"{'run':<{width}} {'norm':<10} {'depth':>5} {'final':>7} {'eval':>7} {'excess':>7} {'learned':>7}  status"
     lines = [header, "-" * len(header)]
     for s in rows:
         status = s["status"] + ("" if s["status"] != "completed" or s.get("trained") else " (untrained)")
         if s["status"] == "diverged":
             status += f" @{s['diverged_at_step']}"
-        lines.append(f"{s['run_name']:<34} {s['norm']:<10} {s['depth']:>5} {_fmt(s['final_loss'], '7.3f')} "
+        lines.append(f"{s['run_name']:<{width}} {s['norm']:<10} {s['depth']:>5} {_fmt(s['final_loss'], '7.3f')} "
                      f"{_fmt(s['eval_loss'], '7.3f')} {_fmt(s['excess_loss'], '7.3f')} {_fmt(s.get('learned_fraction'), '7.0%')}"
                      f"  {status}")
     optimal = {s["optimal_loss"] for s in rows if s.get("optimal_loss") is not None}
