@@ -29,7 +29,10 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError("model.encoder_depth", cfg.model.encoder_depth,
                           f"model={cfg.model.kind} has no encoder; use null")
     make_scheme(cfg)
-    check_data_config(cfg.data, model_cls.task)
+    positions = check_data_config(cfg.data, model_cls.task)
+    if positions > cfg.model.max_seq_len:
+        raise ConfigError("model.max_seq_len", cfg.model.max_seq_len,
+                          f"data={cfg.data.name} feeds sequences of {positions} tokens; raise it or shorten the data")
 
 
 def build_model(cfg: DictConfig, scheme: NormScheme | None = None) -> nn.Module:

@@ -76,6 +76,8 @@ BAD = [
     (["data=translation_hub"], "data", "needs lm data; choose one of: synthetic"),
     (["model=encdec", "data.translation_max_len=2"], "data.translation_max_len", ">= translation_min_len=4"),
     (["model=encdec", "model.encoder_depth=0"], "model.encoder_depth", "positive"),
+    (["model=encdec", "data.translation_max_len=300"], "model.max_seq_len", "sequences of 301 tokens"),
+    (["model=encdec", "data=translation_hub", "data.max_len=512"], "model.max_seq_len", "sequences of 513 tokens"),
 ]
 
 

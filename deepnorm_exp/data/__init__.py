@@ -43,6 +43,11 @@ class DataSource(Protocol):
 
     def load(self, task: str) -> TaskData: ...
 
+    @staticmethod
+    def positions(cfg: Any, task: str) -> int:
+        """The longest sequence a model will be fed for `task` (checked against model.max_seq_len)."""
+        ...
+
 
 SOURCES: Registry[type[DataSource]] = Registry("data", __name__)
 register = SOURCES.register
@@ -61,10 +66,11 @@ def load_data(data_cfg: Any, cache_dir: str | Path, task: str = "lm") -> TaskDat
     return cls(parse_section(cls.Config, data_cfg, "data"), Path(cache_dir)).load(task)
 
 
-def check_data_config(data_cfg: Any, task: str = "lm") -> None:
-    """Validate the data section without loading anything (used before any compute)."""
+def check_data_config(data_cfg: Any, task: str = "lm") -> int:
+    """Validate the data section without loading anything (used before any compute); returns the longest
+    sequence the model will see."""
     cls = _source(data_cfg, task)
-    parse_section(cls.Config, data_cfg, "data")
+    return cls.positions(parse_section(cls.Config, data_cfg, "data"), task)
 
 
 def unigram_loss(train_targets: torch.Tensor, eval_targets: torch.Tensor, vocab_size: int, pad: int | None = None) -> float:

@@ -72,6 +72,10 @@ class HubTranslation:
     def __init__(self, cfg: HubTranslationConfig, cache_dir: Path):
         self.cfg, self.cache_dir = cfg, cache_dir
 
+    @staticmethod
+    def positions(cfg: HubTranslationConfig, task: str) -> int:
+        return cfg.max_len + 1  # source: bytes + EOS; target input: BOS + bytes
+
     def _split(self, split: str, limit: Optional[int]):
         from datasets import load_dataset
 

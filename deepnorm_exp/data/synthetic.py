@@ -149,6 +149,10 @@ class SyntheticMarkov:
     def __init__(self, cfg: SyntheticConfig, cache_dir: Path):
         self.cfg, self.cache_dir = cfg, cache_dir
 
+    @staticmethod
+    def positions(cfg: SyntheticConfig, task: str) -> int:
+        return cfg.seq_len if task == "lm" else cfg.translation_max_len + 1  # target input: BOS + tokens
+
     def build(self, task: str):
         from datasets import Dataset, DatasetDict
 
