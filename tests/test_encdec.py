@@ -128,5 +128,5 @@ def test_encoder_depth_is_rejected_for_the_decoder_only_model():
 def test_untied_output_head():
     tied, _ = encdec("depth=1")
     untied, _ = encdec("depth=1", "model.tie_embeddings=false")
-    assert tied.head is None and untied.head is not None
+    assert tied.embed.head is None and untied.embed.head is not None
     assert sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in tied.parameters()) == 256 * 32

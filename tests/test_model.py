@@ -35,7 +35,7 @@ def test_positions_matter():
 def test_tied_and_untied_heads():
     tied = tiny_model()
     untied = tiny_model("model.tie_embeddings=false")
-    assert tied.head is None and untied.head is not None
+    assert tied.embed.head is None and untied.embed.head is not None
     n_tied = sum(p.numel() for p in tied.parameters())
     n_untied = sum(p.numel() for p in untied.parameters())
     assert n_untied - n_tied == 256 * 32

@@ -42,10 +42,6 @@ class DecoderLM(nn.Module):
         self.embed = Embeddings(cfg, scheme, "decoder")
         self.blocks = nn.ModuleList(DecoderBlock(cfg, scheme, layer) for layer in range(depths["decoder"]))
         self.final_norm = scheme.final_norm(cfg.d_model, "decoder")
-        self.head = None
-        if not cfg.tie_embeddings:
-            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-            scheme.init_embedding(self.head.weight, "decoder")
 
     def features(self, tokens: torch.Tensor) -> torch.Tensor:
         """The final hidden state F(x), (batch, seq, d_model)."""
@@ -54,8 +50,7 @@ class DecoderLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Next-token logits, (batch, seq, vocab)."""
-        head = self.head.weight if self.head is not None else self.embed.token.weight
-        return F.linear(self.features(tokens), head)
+        return self.embed.logits(self.features(tokens))
 
     def loss(self, batch: dict[str, torch.Tensor]) -> LossOutput:
         """Mean next-token cross-entropy of `batch["tokens"]`, (batch, seq + 1)."""

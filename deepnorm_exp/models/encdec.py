@@ -60,10 +60,6 @@ class EncoderDecoder(nn.Module):
         self.encoder_norm = scheme.final_norm(cfg.d_model, "encoder")
         self.decoder = nn.ModuleList(CrossDecoderBlock(cfg, scheme, layer) for layer in range(depths["decoder"]))
         self.decoder_norm = scheme.final_norm(cfg.d_model, "decoder")
-        self.head = None
-        if not cfg.tie_embeddings:
-            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-            scheme.init_embedding(self.head.weight, "decoder")
 
     def _checkpointing(self) -> bool:
         return self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled()
@@ -77,8 +73,7 @@ class EncoderDecoder(nn.Module):
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
         """Next-token logits for every target prefix, (batch, tgt_len, vocab)."""
         x = run_blocks(self.decoder, self.embed(tgt_in), self._checkpointing(), memory, memory_mask)
-        head = self.head.weight if self.head is not None else self.embed.token.weight
-        return F.linear(self.decoder_norm(x), head)
+        return self.embed.logits(self.decoder_norm(x))
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.decode(tgt_in, *self.encode(src))

@@ -98,7 +98,8 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
 
 
 class Embeddings(nn.Module):
-    """Token embedding times sqrt(d) (fairseq's convention, the paper's codebase) plus positions."""
+    """Token embedding times sqrt(d) (fairseq's convention, the paper's codebase) plus positions, and the
+    output head: the same matrix (tied, the default) or its own (`model.tie_embeddings=false`)."""
 
     def __init__(self, cfg, scheme, stack: str):
         super().__init__()
@@ -111,9 +112,16 @@ class Embeddings(nn.Module):
         else:
             self.register_buffer("pos", sinusoidal_positions(cfg.max_seq_len, cfg.d_model), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
+        self.head = None
+        if not cfg.tie_embeddings:
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            scheme.init_embedding(self.head.weight, stack)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.drop(self.token(tokens) * self.scale + self.pos[: tokens.shape[1]])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.head.weight if self.head is not None else self.token.weight)
 
 
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool, *args) -> torch.Tensor:
