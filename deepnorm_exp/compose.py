@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .build import check_config
 from .config import CONF_DIR
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 
 
 def _compose(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig:
@@ -25,7 +25,7 @@ def _compose(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return hydra_compose("config", overrides=list(overrides), return_hydra_config=hydra_config)
     except MissingConfigException as e:
-        raise _missing_option(e, overrides) from None
+        raise _missing_option(e) from None
     except (HydraException, OmegaConfBaseException) as e:
         raise _composition_error(e, overrides) from None
 
@@ -38,12 +38,12 @@ def compose(overrides: Iterable[str] = (), check: bool = True) -> DictConfig:
     return cfg
 
 
-def _missing_option(e: MissingConfigException, overrides: Sequence[str]) -> ConfigError:
+def _missing_option(e: MissingConfigException) -> ConfigError:
     missing = (e.missing_cfg_file or "").strip("/")
     group, _, option = missing.rpartition("/")
     if group and e.options is not None:
         return ConfigError(group, option, f"choose one of: {', '.join(sorted(e.options))}")
-    return ConfigError("config", missing or "?", _first_line(e))
+    return ConfigError("config", missing or "?", first_line(e))
 
 
 def _composition_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
@@ -51,14 +51,9 @@ def _composition_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
     key = getattr(cause, "full_key", None)
     if key:
         value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), "?")
-        return ConfigError(key, value, _first_line(cause))
+        return ConfigError(key, value, first_line(cause))
     # Hydra's own message names the override ("Could not override 'x'. ..."); keep its first sentence.
-    return ConfigError("override", " ".join(overrides) or "-", _first_line(e))
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    return ConfigError("override", " ".join(overrides) or "-", first_line(e))
 
 
 def expand_jobs(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
@@ -73,7 +68,7 @@ def expand_jobs(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
         try:
             return BasicSweeper.split_arguments(parser.parse_overrides(list(items)), None)[0]
         except HydraException as e:
-            raise ConfigError("override", " ".join(items), _first_line(e)) from None
+            raise ConfigError("override", " ".join(items), first_line(e)) from None
 
     jobs = []
     for job in product(overrides):

@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
@@ -168,8 +168,5 @@ def parse_section(schema: type[S], node: Any, prefix: str) -> S:
         raise ConfigError(f"{prefix}.{e.key}", e.value, e.allowed) from None
     except OmegaConfBaseException as e:
         key = f"{prefix}.{e.full_key}" if getattr(e, "full_key", None) else prefix
-        raise ConfigError(key, getattr(e, "value", "?"), _first_line(e)) from None
+        raise ConfigError(key, getattr(e, "value", "?"), first_line(e)) from None
 
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__

@@ -91,7 +91,7 @@ class HubTranslation:
             data = data.select(range(min(limit, len(data))))
         return data
 
-    def _tensors(self, split: str, limit: Optional[int]) -> dict[str, torch.Tensor]:
+    def _tensors(self, split: str, limit: Optional[int], reference: bool) -> dict[str, torch.Tensor]:
         rows = self._split(split, limit)["translation"]
         try:
             src = [r[self.cfg.source_lang] for r in rows]
@@ -99,13 +99,14 @@ class HubTranslation:
         except KeyError as e:
             raise ConfigError("data.source_lang/target_lang", e.args[0],
                               f"rows hold languages {sorted(rows[0]) if rows else []}") from None
-        tgt_tokens = torch.from_numpy(encode(tgt, self.cfg.max_len, bos=True))
-        return {"src": torch.from_numpy(encode(src, self.cfg.max_len, bos=False)), "tgt": tgt_tokens,
-                "reference": tgt_tokens}
+        tensors = {"src": torch.from_numpy(encode(src, self.cfg.max_len, bos=False)),
+                   "tgt": torch.from_numpy(encode(tgt, self.cfg.max_len, bos=True))}
+        if reference:  # real text has no noiseless target: exact match compares with the target itself
+            tensors["reference"] = tensors["tgt"]
+        return tensors
 
     def load(self, task: str) -> TaskData:
-        train = self._tensors(self.cfg.train_split, self.cfg.max_train_pairs)
-        evaluation = self._tensors(self.cfg.eval_split, self.cfg.max_eval_pairs)
-        train.pop("reference")
+        train = self._tensors(self.cfg.train_split, self.cfg.max_train_pairs, reference=False)
+        evaluation = self._tensors(self.cfg.eval_split, self.cfg.max_eval_pairs, reference=True)
         return TaskData(task=task, train=train, eval=evaluation, vocab_size=BYTE_VOCAB, optimal_loss=None,
                         unigram_loss=unigram_loss(train["tgt"][:, 1:], evaluation["tgt"][:, 1:], BYTE_VOCAB, pad=PAD))
