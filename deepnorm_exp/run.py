@@ -6,7 +6,6 @@ import logging
 import math
 import shutil
 import time
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
