@@ -68,6 +68,19 @@ class TrainConfig:
 
 
 @dataclass
+class MetricsConfig:
+    """Instrumentation (deepnorm_exp/metrics/). Scalars every train.log_every, vectors every layer_every."""
+
+    update_norm: bool = True  # update_norm, update_ratio: ||delta theta|| of the step (a weight copy)
+    model_update: bool = True  # model_update, model_update_step on the probe batch (two probe forwards)
+    layer_every: int = 50  # per-layer vectors every N steps; 0 turns all of them off
+    layer_grads: bool = True  # grad_norm per residual block
+    layer_updates: bool = True  # update_ratio per residual block
+    activations: bool = True  # ln_input_norm, out_norm, attn_entropy per block, on the probe batch
+    probe_batch: int = 4  # held-out examples F(x) is measured on (the first of the eval split)
+
+
+@dataclass
 class LoggerConfig:
     backend: str = "wandb"  # wandb | none
     mode: str = "offline"  # offline | online | disabled
@@ -87,6 +100,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     depth: int = 6
@@ -106,9 +120,9 @@ CHOICES = {
 }
 POSITIVE_INTS = ("depth", "model.d_model", "model.n_heads", "model.d_ff", "model.max_seq_len",
                  "model.vocab_size", "train.steps", "train.batch_size", "train.seq_len", "train.log_every",
-                 "train.eval_every", "train.divergence.spike_patience")
+                 "train.eval_every", "train.divergence.spike_patience", "metrics.probe_batch")
 POSITIVE_FLOATS = ("train.lr", "model.norm_eps", "train.adam_eps", "train.divergence.spike_factor")
-NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "model.dropout")
+NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "model.dropout", "metrics.layer_every")
 
 
 def _get(cfg: DictConfig, key: str) -> Any:

@@ -14,6 +14,7 @@ from .build import build_model, check_config, make_scheme
 from .models import MODELS, count_params
 from .data import load_data
 from .errors import ConfigError
+from .metrics import build_instruments
 from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
 from .sinks import build_sinks
@@ -25,7 +26,7 @@ from .train.trainer import Trainer, evaluate
 
 log = logging.getLogger("deepnorm_exp")
 
-RECORD_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "wandb")
+RECORD_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "layers", "summary.json", "wandb")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,13 +86,16 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
         metrics = ScalarMetrics(cfg.train.log_every)
         evaluation = Evaluation(cfg.train.eval_every, eval_loss)
         divergence = DivergenceDetector(cfg.train.divergence.spike_factor, cfg.train.divergence.spike_patience)
+        instruments, blocks = build_instruments(cfg.metrics, cfg.train.log_every, model, data.eval, device)
         optimizer = build_optimizer(model, cfg.train)
         trainer = Trainer(
             model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
             batches=random_batches(data.train, cfg.train.batch_size, cfg.seed), steps=cfg.train.steps,
             device=device, autocast_dtype=dtype, grad_clip=cfg.train.grad_clip,
-            callbacks=[metrics, evaluation, divergence, ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress),
-                       RecordFlusher(sinks)],
+            # Gatherers first, then the divergence check (it keeps the last record), the bar and the flusher.
+            callbacks=[metrics, evaluation, *instruments, divergence,
+                       ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress),
+                       RecordFlusher(sinks, blocks.columns())],
         )
         trainer.fit()
 

@@ -47,7 +47,7 @@ def step(n, loss, grad=1.0):
 
 class FakeTrainer:
     def __init__(self):
-        self.stop_reason, self.record = None, {}
+        self.stop_reason, self.record, self.events = None, {}, []
 
     def request_stop(self, reason):
         self.stop_reason = reason
@@ -94,6 +94,12 @@ def test_injected_nan_makes_a_run_diverged_not_failed(tmp_path, monkeypatch):
     assert summary["divergence_reason"] == "non-finite loss"
     assert summary["divergence"]["last_healthy"]["step"] == 4
     assert summary["eval_loss"] is not None and math.isfinite(summary["eval_loss"])  # last healthy weights
+    from pathlib import Path
+
+    (event,) = [json.loads(line) for line in (Path(summary["run_dir"]) / "events.jsonl").read_text().splitlines()]
+    assert event["event"] == "divergence" and event["step"] == 5 and event["loss"] == "nan"
+    assert event["last_healthy"]["step"] == 4 and event["last_logged"]["step"] == 4  # TINY logs every 2
+    assert "model_update" in event["last_logged"]
 
 
 def test_bf16_autocast_runs_on_cpu(tmp_path):

@@ -43,14 +43,18 @@ class DecoderLM(nn.Module):
         self.blocks = nn.ModuleList(DecoderBlock(cfg, scheme, layer) for layer in range(depths["decoder"]))
         self.final_norm = scheme.final_norm(cfg.d_model, "decoder")
 
-    def features(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The final hidden state F(x), (batch, seq, d_model)."""
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final hidden state, (batch, seq, d_model): what the output head reads."""
         checkpointing = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled()
         return self.final_norm(run_blocks(self.blocks, self.embed(tokens), checkpointing))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Next-token logits, (batch, seq, vocab)."""
-        return self.embed.logits(self.features(tokens))
+        return self.embed.logits(self.hidden(tokens))
+
+    def features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """F(x): the final hidden state at every position `loss(batch)` predicts from."""
+        return self.hidden(batch["tokens"][:, :-1])
 
     def loss(self, batch: dict[str, torch.Tensor]) -> LossOutput:
         """Mean next-token cross-entropy of `batch["tokens"]`, (batch, seq + 1)."""

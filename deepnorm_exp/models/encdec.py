@@ -70,10 +70,18 @@ class EncoderDecoder(nn.Module):
         x = run_blocks(self.encoder, self.embed(src), self._checkpointing(), key_mask)
         return self.encoder_norm(x), key_mask
 
+    def decoder_hidden(self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
+        """The decoder's final hidden state, (batch, tgt_len, d_model)."""
+        x = run_blocks(self.decoder, self.embed(tgt_in), self._checkpointing(), memory, memory_mask)
+        return self.decoder_norm(x)
+
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
         """Next-token logits for every target prefix, (batch, tgt_len, vocab)."""
-        x = run_blocks(self.decoder, self.embed(tgt_in), self._checkpointing(), memory, memory_mask)
-        return self.embed.logits(self.decoder_norm(x))
+        return self.embed.logits(self.decoder_hidden(tgt_in, memory, memory_mask))
+
+    def features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """F(x): the decoder's final hidden state at every target position `loss(batch)` predicts from."""
+        return self.decoder_hidden(batch["tgt"][:, :-1], *self.encode(batch["src"]))
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.decode(tgt_in, *self.encode(src))

@@ -46,6 +46,18 @@ class SelfAttention(nn.Module):
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.out(_merge(y))
 
+    def attention_probs(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The softmax weights `forward` uses, (batch, heads, seq, seq), written out for instrumentation:
+        SDPA never materialises them."""
+        batch, seq, d = x.shape
+        q, k, _ = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.n_heads)
+        if self.causal:
+            scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1), -math.inf)
+        if key_mask is not None:
+            scores = scores.masked_fill(~key_mask, -math.inf)
+        return scores.softmax(-1)
+
 
 class CrossAttention(nn.Module):
     """Decoder-to-encoder attention: queries from x, keys and values from the encoder's output."""
@@ -70,6 +82,15 @@ class CrossAttention(nn.Module):
                                            _heads(v, self.n_heads), attn_mask=memory_mask,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.out(_merge(y))
+
+    def attention_probs(self, x: torch.Tensor, memory: torch.Tensor,
+                        memory_mask: torch.Tensor | None) -> torch.Tensor:
+        """Softmax weights over the encoder positions, (batch, heads, tgt_len, src_len)."""
+        q, k = _heads(self.q(x), self.n_heads), _heads(self.kv(memory)[..., :self.d_model], self.n_heads)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model // self.n_heads)
+        if memory_mask is not None:
+            scores = scores.masked_fill(~memory_mask, -math.inf)
+        return scores.softmax(-1)
 
 
 class FeedForward(nn.Module):

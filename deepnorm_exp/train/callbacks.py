@@ -6,7 +6,9 @@ import math
 import sys
 from typing import Callable
 
-from .trainer import Callback, StepOutput, Trainer
+import numpy as np
+
+from .trainer import Callback, StepOutput, Trainer, is_due
 
 
 class ScalarMetrics(Callback):
@@ -29,7 +31,7 @@ class ScalarMetrics(Callback):
         self.seconds += out.seconds
         self.total_tokens += out.tokens
         self.total_seconds += out.seconds
-        if out.step % self.every == 0 or out.step == trainer.steps:
+        if is_due(out.step, self.every, trainer.steps):
             self.last_loss = self.loss_sum / self.count
             self.tokens_per_s = self.tokens / max(self.seconds, 1e-9)
             trainer.record.update(loss=self.last_loss, lr=out.lr, grad_norm=out.grad_norm,
@@ -50,7 +52,7 @@ class Evaluation(Callback):
         self.last_step = 0
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
-        if out.step % self.every == 0 or out.step == trainer.steps:
+        if is_due(out.step, self.every, trainer.steps):
             self.last, self.last_step = self.evaluate(), out.step
             trainer.record["eval_loss"] = self.last
 
@@ -67,7 +69,8 @@ class DivergenceDetector(Callback):
         self.best = math.inf
         self.above = 0
         self.event: dict | None = None
-        self.last_healthy: dict | None = None
+        self.last_healthy: dict | None = None  # loss, grad_norm, lr of the last step that passed
+        self.last_logged: dict | None = None  # the last scalar record before the divergence
 
     def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
         reason = None
@@ -82,12 +85,18 @@ class DivergenceDetector(Callback):
                 reason = (f"loss above {self.factor:g}x its minimum ({self.best:.4g}) "
                           f"for {self.patience} steps")
         if reason is None:
-            self.last_healthy = {"step": out.step, "loss": out.loss, "grad_norm": out.grad_norm}
+            self.last_healthy = {"step": out.step, "loss": out.loss, "grad_norm": out.grad_norm, "lr": out.lr}
             return
-        self.event = {"step": out.step, "reason": reason, "loss": out.loss, "grad_norm": out.grad_norm,
-                      "last_healthy": self.last_healthy}
+        self.event = {"event": "divergence", "step": out.step, "reason": reason, "loss": out.loss,
+                      "grad_norm": out.grad_norm, "last_healthy": self.last_healthy,
+                      "last_logged": self.last_logged}
+        trainer.events.append(self.event)
         trainer.record.update(diverged=1.0)
         trainer.request_stop(reason)
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        if trainer.record:  # installed after the callbacks that gather, before the flusher
+            self.last_logged = {"step": out.step, **trainer.record}
 
 
 class ProgressBar(Callback):
@@ -118,16 +127,32 @@ class ProgressBar(Callback):
 
 
 class RecordFlusher(Callback):
-    """Sends the step's gathered scalars to every sink; install it after the callbacks that gather."""
+    """Sends the step's gathered records to every sink; install it after the callbacks that gather.
 
-    def __init__(self, sinks):
-        self.sinks = sinks
+    `layer_index`: the columns naming each residual block (stack, layer, sublayer, position), prepended
+    to the per-layer vectors.
+    """
+
+    def __init__(self, sinks, layer_index: dict[str, np.ndarray] | None = None):
+        self.sinks, self.layer_index = sinks, layer_index or {}
 
     def _flush(self, trainer: Trainer, step: int) -> None:
+        for event in trainer.events:
+            for sink in self.sinks:
+                sink.event(event)
+        trainer.events.clear()
         if trainer.record:
             record = {"step": step, **trainer.record}
             for sink in self.sinks:
                 sink.log(record)
+        if trainer.layer_record:
+            table = {**self.layer_index, **trainer.layer_record}
+            for sink in self.sinks:
+                sink.log_layers(step, table)
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self._flush(trainer, trainer.step)  # measurements of the initial weights, as step 0
+        trainer.layer_record.clear()
 
     def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
         if trainer.stop_reason is not None:  # the divergence record: written the moment it happens

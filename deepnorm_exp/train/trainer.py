@@ -28,11 +28,17 @@ class StepOutput:
     seconds: float = 0.0  # wall time of the whole step, filled once the optimizer has stepped
 
 
+def is_due(step: int, every: int, last_step: int) -> bool:
+    """Whether an every-`every`-steps measurement runs at `step` (always at the last step; never if every=0)."""
+    return every > 0 and (step % every == 0 or step == last_step)
+
+
 class Callback:
     def on_train_start(self, trainer: "Trainer") -> None: ...
 
     def after_backward(self, trainer: "Trainer", out: StepOutput) -> None:
-        """Gradients are ready, the optimizer has not stepped: the place to refuse a bad step."""
+        """Gradients are ready (not yet clipped), the optimizer has not stepped: the place to measure
+        gradients and the weights before the update, or to refuse a bad step."""
 
     def on_step_end(self, trainer: "Trainer", out: StepOutput) -> None: ...
 
@@ -77,7 +83,11 @@ class Trainer:
     callbacks: Sequence[Callback] = ()
     step: int = 0  # optimizer steps completed
     stop_reason: str | None = None
-    record: dict = field(default_factory=dict)  # scalars callbacks gather for the current step
+    # What callbacks gather for the current step; a flushing callback hands them to the sinks. Cleared
+    # after every step.
+    record: dict = field(default_factory=dict)  # scalars
+    layer_record: dict = field(default_factory=dict)  # per-layer vectors, one value per residual block
+    events: list = field(default_factory=list)  # things that happened (a divergence), written at once
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
@@ -104,13 +114,13 @@ class Trainer:
             # No list of the grads outlives this line: it would keep last step's gradients alive (a
             # parameter-sized copy of memory) after zero_grad, through the next backward.
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            if self.grad_clip is not None:
-                torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
             out = StepOutput(step=self.step + 1, loss=loss.item(), grad_norm=grad_norm.item(),
                              lr=self.optimizer.param_groups[0]["lr"], tokens=tokens)
             self._emit("after_backward", out)
             if self.stop_reason is not None:
                 break  # a refused step: the weights stay as they were before it
+            if self.grad_clip is not None:
+                torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -118,6 +128,8 @@ class Trainer:
             out.seconds = time.perf_counter() - started
             self._emit("on_step_end", out)
             self.record.clear()
+            self.layer_record.clear()
+            self.events.clear()
 
 
 @torch.no_grad()

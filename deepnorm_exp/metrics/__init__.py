@@ -1,0 +1,46 @@
+"""Instrumentation: callbacks beside the training loop that measure what the DeepNet paper's analysis uses.
+
+One file per measurement; `build_instruments` installs the ones `metrics.*` turns on, so a metric that is
+off costs nothing. Names of everything recorded: README.md, "Records".
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..train.trainer import Callback
+from .activations import ActivationStats
+from .blocks import BlockIndex, ParamBlocks
+from .gradients import LayerGradNorms
+from .model_update import ModelUpdate
+from .probe import Probe
+from .updates import ParameterUpdates
+
+LAYER_METRICS = ("grad_norm", "update_ratio", "ln_input_norm", "out_norm", "attn_entropy")
+
+
+def build_instruments(cfg, log_every: int, model: nn.Module, eval_tensors: dict[str, torch.Tensor],
+                      device: torch.device) -> tuple[list[Callback], BlockIndex]:
+    """The instrument callbacks `cfg` (the `metrics` section) asks for, and the model's block index."""
+    index = BlockIndex.of(model)
+    layer_every = cfg.layer_every
+    blocks = ParamBlocks(model, index) if (cfg.update_norm or layer_every and
+                                           (cfg.layer_grads or cfg.layer_updates)) else None
+    probe = Probe(eval_tensors, cfg.probe_batch, device) if (cfg.model_update or
+                                                           layer_every and cfg.activations) else None
+    instruments: list[Callback] = []
+    if layer_every and cfg.layer_grads:
+        instruments.append(LayerGradNorms(blocks, layer_every))
+    if cfg.update_norm or (layer_every and cfg.layer_updates):
+        instruments.append(ParameterUpdates(blocks, log_every if cfg.update_norm else 0,
+                                            layer_every if cfg.layer_updates else 0))
+    if cfg.model_update:
+        instruments.append(ModelUpdate(probe, log_every))
+    if layer_every and cfg.activations:
+        instruments.append(ActivationStats(index, probe, layer_every))
+    return instruments, index
+
+
+__all__ = ["build_instruments", "BlockIndex", "ParamBlocks", "Probe", "LAYER_METRICS", "ActivationStats",
+           "LayerGradNorms", "ModelUpdate", "ParameterUpdates"]

@@ -1,0 +1,74 @@
+"""What flows through each residual block, measured on the probe batch with forward hooks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..train.trainer import Callback, StepOutput, Trainer, is_due
+from .blocks import BlockIndex
+from .probe import Probe
+
+
+def mean_token_norm(x: torch.Tensor) -> float:
+    """Mean over positions of the L2 norm of each d_model vector."""
+    return float(x.detach().float().norm(dim=-1).mean())
+
+
+class ActivationStats(Callback):
+    """Every `every` steps, per residual block, on the probe batch (eval mode, no gradients):
+
+    * `ln_input_norm`: norm of what enters the block's LayerNorm (Post-LN/DeepNorm: the residual sum
+      alpha*x + G(x); Pre-LN: the residual stream x). A LayerNorm's output has norm sqrt(d_model); the
+      paper's argument is that ||dLN(x)/dx|| = O(sqrt(d)/||x||). NaN for a block without a norm.
+    * `out_norm`: norm of the sublayer's output G(.).
+    * `attn_entropy`: entropy (nats) of the attention weights, mean over heads, batch and query positions
+      (a causal query i can reach at most log(i+1)); NaN for FFN blocks.
+
+    Also measured once before training (recorded as step 0), the init the paper's figures start from.
+    Hooks live only during the one probe forward, so other steps pay nothing.
+    """
+
+    def __init__(self, index: BlockIndex, probe: Probe, every: int):
+        self.index, self.probe, self.every = index, probe, every
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        trainer.layer_record.update(self.measure(trainer.model))
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        if is_due(out.step, self.every, trainer.steps):
+            trainer.layer_record.update(self.measure(trainer.model))
+
+    def measure(self, model: nn.Module) -> dict:
+        n = len(self.index)
+        values = {name: [math.nan] * n for name in ("ln_input_norm", "out_norm", "attn_entropy")}
+        handles = []
+        for i, block in enumerate(self.index.blocks):
+            norm = getattr(block, "norm", None)
+            if isinstance(norm, nn.Module) and not isinstance(norm, nn.Identity):
+                handles.append(norm.register_forward_pre_hook(self._store(values["ln_input_norm"], i)))
+            handles.append(block.sublayer.register_forward_hook(self._sublayer_hook(values, i), with_kwargs=True))
+        try:
+            self.probe.features(model)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return {name: torch.tensor(v, dtype=torch.float32).numpy() for name, v in values.items()}
+
+    @staticmethod
+    def _store(into: list, i: int):
+        def hook(module, args):
+            into[i] = mean_token_norm(args[0])
+        return hook
+
+    @staticmethod
+    def _sublayer_hook(values: dict, i: int):
+        def hook(module, args, kwargs, output):
+            values["out_norm"][i] = mean_token_norm(output)
+            if hasattr(module, "attention_probs"):
+                probs = module.attention_probs(*args, **kwargs)
+                entropy = -torch.special.xlogy(probs, probs).sum(-1)  # 0 log 0 = 0 for masked keys
+                values["attn_entropy"][i] = float(entropy.mean())
+        return hook

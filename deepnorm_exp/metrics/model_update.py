@@ -1,0 +1,35 @@
+"""The DeepNet paper's model update: how far the model's output on a fixed input has moved (figures 4-5)."""
+
+from __future__ import annotations
+
+from ..train.trainer import Callback, StepOutput, Trainer, is_due
+from .probe import Probe, rms_distance
+
+
+class ModelUpdate(Callback):
+    """Every `every` steps, on the probe batch (see `rms_distance` for the normalisation):
+
+    * `model_update`      = ||F(x, theta_t) - F(x, theta_0)||, theta_0 the weights before the first step;
+    * `model_update_step` = ||F(x, theta_t) - F(x, theta_{t-1})||, the move of this one step.
+
+    Costs two forwards of the probe batch per logged step (one before the update, one after), none between.
+    """
+
+    def __init__(self, probe: Probe, every: int):
+        self.probe, self.every = probe, every
+        self.initial = self.previous = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self.initial = self.probe.features(trainer.model)
+
+    def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
+        if is_due(out.step, self.every, trainer.steps):
+            self.previous = self.probe.features(trainer.model)  # theta_{t-1}: the optimizer has not stepped
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        if self.previous is None:
+            return
+        current = self.probe.features(trainer.model)
+        trainer.record.update(model_update=rms_distance(current, self.initial),
+                              model_update_step=rms_distance(current, self.previous))
+        self.previous = None

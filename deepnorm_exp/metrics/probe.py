@@ -1,0 +1,38 @@
+"""The fixed probe batch the model-level measurements run on, and a forward pass that leaves training alone."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Probe:
+    """A few held-out examples, chosen once before training (the first `size` of the eval split).
+
+    `features(model)` runs F(x) on them in eval mode (no dropout), without gradients, in full precision
+    (bf16 noise would swamp the small updates being measured) and inside `fork_rng`, so measuring never
+    changes what training computes or the random numbers it draws.
+    """
+
+    def __init__(self, eval_tensors: dict[str, torch.Tensor], size: int, device: torch.device):
+        self.batch = {name: t[:size].to(device) for name, t in eval_tensors.items()}
+        self.device = device
+
+    @torch.no_grad()
+    def features(self, model: nn.Module) -> torch.Tensor:
+        was_training = model.training
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            model.eval()
+            try:
+                return model.features(self.batch).float()
+            finally:
+                model.train(was_training)
+
+
+def rms_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b||_F / sqrt(positions): the L2 distance of the hidden vectors, root-mean-squared over positions.
+
+    A LayerNorm output has norm sqrt(d_model) per position, so this reads on that scale at any batch size.
+    """
+    return float((a - b).flatten(0, -2).norm(dim=-1).square().mean().sqrt())

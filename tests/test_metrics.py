@@ -1,0 +1,314 @@
+"""Instrumentation: every measurement against an independent computation, and what the paper's claims
+look like when measured on tiny models."""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.func import functional_call
+
+import deepnorm_exp
+from deepnorm_exp.config import MetricsConfig
+from deepnorm_exp.errors import ConfigError
+from deepnorm_exp.metrics import (ActivationStats, BlockIndex, LayerGradNorms, ModelUpdate, ParamBlocks,
+                                  ParameterUpdates, Probe, build_instruments)
+from deepnorm_exp.models.layers import CrossAttention, SelfAttention
+from deepnorm_exp.run import run_experiment
+from deepnorm_exp.sinks.layers import load_layers
+from deepnorm_exp.train.trainer import Callback, Trainer
+
+from conftest import TINY
+
+CPU = torch.device("cpu")
+
+
+def tiny(*overrides, seed=0):
+    torch.manual_seed(seed)
+    cfg = deepnorm_exp.compose(["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "data.vocab_size=32",
+                                "data.classes=4", *overrides])
+    return deepnorm_exp.build_model(cfg)
+
+
+def lm_batch(n=3, seq=9, vocab=32, seed=1):
+    return {"tokens": torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(seed))}
+
+
+class Capture(Callback):
+    """Keeps copies of what the other callbacks recorded (the trainer clears them after each step)."""
+
+    def __init__(self):
+        self.records, self.layers = {}, {}
+
+    def on_step_end(self, trainer, out):
+        self.records[out.step] = dict(trainer.record)
+        self.layers[out.step] = dict(trainer.layer_record)
+
+
+def sgd_trainer(model, batch, callbacks, lr=0.05, steps=1):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    capture = Capture()
+    trainer = Trainer(model=model, optimizer=opt, scheduler=sched, batches=iter([batch] * steps), steps=steps,
+                      device=CPU, callbacks=[*callbacks, capture])
+    return trainer, capture
+
+
+def hand_sgd_step(model, batch, lr):
+    """theta_1 = theta_0 - lr * grad, computed with autograd.grad on a copy; returns (theta_1, grads)."""
+    reference = copy.deepcopy(model).train()
+    names, params = zip(*[(n, p) for n, p in reference.named_parameters()])
+    loss, _ = reference.loss(batch)
+    grads = torch.autograd.grad(loss, params)
+    return reference, {n: (p - lr * g).detach() for n, p, g in zip(names, params, grads)}, dict(zip(names, grads))
+
+
+# --- model update ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("norm", ["post", "deepnorm"])
+def test_model_update_after_one_sgd_step_matches_the_hand_computation(norm):
+    model = tiny(f"norm={norm}", "depth=2")
+    batch, probe_batch = lm_batch(), lm_batch(n=2, seed=7)
+    reference, theta_1, _ = hand_sgd_step(model, batch, lr=0.05)
+    reference.eval()
+    with torch.no_grad():
+        f0 = reference.features(probe_batch)
+        f1 = _features_with(reference, theta_1, probe_batch)
+    # ||F1 - F0|| over the 2 x 8 probe positions, root-mean-squared: written out, not via the module.
+    per_position = ((f1 - f0) ** 2).sum(-1)
+    expected = math.sqrt(per_position.sum().item() / per_position.numel())
+
+    trainer, capture = sgd_trainer(model, batch, [ModelUpdate(Probe(probe_batch, 2, CPU), every=1)])
+    trainer.fit()
+    got = capture.records[1]
+    assert expected > 1e-4  # the step moved the output, so the comparison means something
+    assert got["model_update"] == pytest.approx(expected, rel=1e-4)
+    assert got["model_update_step"] == pytest.approx(expected, rel=1e-4)  # theta_{t-1} = theta_0 at step 1
+
+
+def _features_with(model, params, batch):
+    class Features(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, b):
+            return self.inner.features(b)
+
+    return functional_call(Features(model), {f"inner.{k}": v for k, v in params.items()}, (batch,))
+
+
+def test_model_update_step_measures_only_the_last_step():
+    model = tiny("norm=pre", "depth=2")
+    probe = Probe(lm_batch(n=2, seed=7), 2, CPU)
+    trainer, capture = sgd_trainer(model, lm_batch(), [ModelUpdate(probe, every=1)], lr=0.05, steps=3)
+    snapshots = []
+
+    class Snap(Callback):
+        def on_step_end(self, trainer, out):
+            snapshots.append(probe.features(trainer.model))
+
+    trainer.callbacks = [*trainer.callbacks, Snap()]
+    initial = probe.features(model)
+    trainer.fit()
+    from deepnorm_exp.metrics.probe import rms_distance
+
+    assert capture.records[3]["model_update"] == pytest.approx(rms_distance(snapshots[2], initial), rel=1e-5)
+    assert capture.records[3]["model_update_step"] == pytest.approx(rms_distance(snapshots[2], snapshots[1]),
+                                                                    rel=1e-5)
+
+
+# --- gradients and updates ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["decoder", "encdec"])
+def test_per_layer_grad_norms_equal_autograd_grad_per_block(kind):
+    overrides = ["norm=post", "depth=3"] + (["model=encdec", "model.encoder_depth=2"] if kind == "encdec" else [])
+    model = tiny(*overrides)
+    if kind == "encdec":
+        gen = torch.Generator().manual_seed(3)
+        batch = {"src": torch.randint(3, 32, (2, 7), generator=gen), "tgt": torch.randint(3, 32, (2, 6), generator=gen)}
+        batch["src"][0, 5:] = 0  # padding
+    else:
+        batch = lm_batch()
+    index = BlockIndex.of(model)
+    reference = copy.deepcopy(model).train()
+    loss, _ = reference.loss(batch)
+    ref_blocks = [block for _, _, _, block in reference.residual_blocks()]
+    expected = []
+    for block in ref_blocks:
+        grads = torch.autograd.grad(loss, list(block.parameters()), retain_graph=True)
+        expected.append(math.sqrt(sum(float((g ** 2).sum()) for g in grads)))
+
+    trainer, capture = sgd_trainer(model, batch, [LayerGradNorms(ParamBlocks(model, index), every=1)])
+    trainer.fit()
+    got = capture.layers[1]["grad_norm"]
+    assert len(got) == len(index) == (2 * 2 + 3 * 3 if kind == "encdec" else 2 * 3)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_update_norms_of_an_sgd_step_are_lr_times_the_gradient():
+    lr = 0.05
+    model = tiny("norm=deepnorm", "depth=3")
+    batch = lm_batch()
+    _, theta_1, grads = hand_sgd_step(model, batch, lr)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    index = BlockIndex.of(model)
+    trainer, capture = sgd_trainer(model, batch, [ParameterUpdates(ParamBlocks(model, index), 1, 1)], lr=lr)
+    trainer.fit()
+    grad_norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
+    theta_norm = math.sqrt(sum(float((p ** 2).sum()) for p in before.values()))
+    assert capture.records[1]["update_norm"] == pytest.approx(lr * grad_norm, rel=1e-4)
+    assert capture.records[1]["update_ratio"] == pytest.approx(lr * grad_norm / theta_norm, rel=1e-4)
+    names = {p: n for n, p in model.named_parameters()}
+    for position, block in enumerate(index.blocks):
+        block_names = [names[p] for p in block.parameters()]
+        delta = math.sqrt(sum(float(((theta_1[n] - before[n]) ** 2).sum()) for n in block_names))
+        norm = math.sqrt(sum(float((before[n] ** 2).sum()) for n in block_names))
+        assert capture.layers[1]["update_ratio"][position] == pytest.approx(delta / norm, rel=1e-3)
+
+
+# --- activations --------------------------------------------------------------------------------------
+def test_attention_probs_reproduce_the_sdpa_outputs():
+    torch.manual_seed(0)
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    key_mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    key_mask[1, ..., 3:] = False
+    memory_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    memory_mask[0, ..., 4:] = False
+
+    def by_hand(attn, probs, values):
+        heads = probs @ values.view(2, -1, 2, 8).transpose(1, 2)
+        return attn.out(heads.transpose(1, 2).reshape(2, -1, 16))
+
+    causal, bidirectional = SelfAttention(16, 2, 0.0).eval(), SelfAttention(16, 2, 0.0, causal=False).eval()
+    cross = CrossAttention(16, 2, 0.0).eval()
+    with torch.no_grad():
+        for attn, mask in ((causal, None), (bidirectional, key_mask)):
+            probs = attn.attention_probs(x, mask)
+            assert torch.allclose(probs.sum(-1), torch.ones(()))
+            torch.testing.assert_close(by_hand(attn, probs, attn.qkv(x)[..., 32:]), attn(x, mask))
+        probs = cross.attention_probs(x, memory, memory_mask)
+        torch.testing.assert_close(by_hand(cross, probs, cross.kv(memory)[..., 16:]), cross(x, memory, memory_mask))
+        assert float(probs[0, ..., 4:].abs().max()) == 0.0
+
+
+def test_activation_stats_match_direct_computations():
+    """Zeroed q/k make causal attention uniform: query i's entropy is log(i + 1), exactly."""
+    model = tiny("norm=pre", "depth=2").eval()
+    with torch.no_grad():
+        for _, _, name, block in model.residual_blocks():
+            if name == "attn":
+                block.sublayer.qkv.weight[:32].zero_()
+                block.sublayer.qkv.bias[:32].zero_()
+    probe_batch = lm_batch(n=2, seq=9)
+    stats = ActivationStats(BlockIndex.of(model), Probe(probe_batch, 2, CPU), every=1).measure(model)
+    entropy = float(torch.log(torch.arange(1, 9, dtype=torch.float32)).mean())
+    np.testing.assert_allclose(stats["attn_entropy"][[0, 2]], entropy, rtol=1e-5)
+    assert np.isnan(stats["attn_entropy"][[1, 3]]).all()  # FFN blocks have no attention
+    with torch.no_grad():  # Pre-LN: the first block's LN reads the embeddings; its sublayer sees LN(x)
+        x = model.embed(probe_batch["tokens"][:, :-1])
+        first = model.blocks[0].attn
+        out = first.sublayer(first.norm(x))
+    assert stats["ln_input_norm"][0] == pytest.approx(float(x.norm(dim=-1).mean()), rel=1e-5)
+    assert stats["out_norm"][0] == pytest.approx(float(out.norm(dim=-1).mean()), rel=1e-5)
+
+
+# --- no effect on training, records on disk ----------------------------------------------------------
+def test_instruments_never_change_what_training_computes(tmp_path):
+    """With dropout on (training draws random numbers), every metric on every step vs none: same losses."""
+    losses = {}
+    for name, metrics in (("off", ["metrics=off"]),
+                          ("all", ["train.log_every=1", "metrics.layer_every=1", "metrics.probe_batch=3"])):
+        cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path / name}", "logger=none", "model.dropout=0.2",
+                                    "train.log_every=1", *metrics])
+        summary = run_experiment(cfg, progress=False)
+        lines = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        losses[name] = [(r["step"], r["loss"], r["grad_norm"]) for r in records if "loss" in r]
+        assert summary["status"] == "completed"
+    assert len(losses["all"]) == 6 and losses["all"] == losses["off"]
+
+
+def test_layer_files_hold_every_block_at_every_measured_step(tmp_path):
+    cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "model=encdec", "depth=2",
+                                "model.decoder_depth=3", "train.steps=7", "metrics.layer_every=3",
+                                "data.translation_max_len=6"])
+    summary = run_experiment(cfg, progress=False)
+    layers = load_layers(summary["run_dir"])
+    blocks = 2 * 2 + 3 * 3
+    assert sorted(layers.step.unique()) == [0, 3, 6, 7]  # init, every 3 steps, and the last step
+    assert len(layers) == 4 * blocks
+    assert set(layers.columns) >= {"step", "stack", "layer", "sublayer", "position", "grad_norm",
+                                   "update_ratio", "ln_input_norm", "out_norm", "attn_entropy"}
+    at3 = layers[layers.step == 3]
+    assert list(at3.position) == list(range(blocks))
+    assert set(at3[at3["stack"] == "decoder"].sublayer) == {"attn", "cross", "ffn"}
+    assert at3.grad_norm.gt(0).all() and at3.update_ratio.gt(0).all() and at3.ln_input_norm.gt(0).all()
+    assert at3[at3.sublayer == "ffn"].attn_entropy.isna().all()
+    assert at3[at3.sublayer != "ffn"].attn_entropy.gt(0).all()
+    assert layers[layers.step == 0].grad_norm.isna().all()  # nothing to measure before a backward
+    lines = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "update_norm", "update_ratio", "model_update",
+            "model_update_step", "eval_loss"} <= set().union(*(json.loads(line) for line in lines))
+
+
+def test_turning_metrics_off_installs_nothing():
+    model = tiny("depth=2")
+    off = MetricsConfig(update_norm=False, model_update=False, layer_every=0)
+    assert build_instruments(off, 10, model, lm_batch(), CPU)[0] == []
+    only_grads = MetricsConfig(update_norm=False, model_update=False, activations=False, layer_updates=False)
+    assert [type(i).__name__ for i in build_instruments(only_grads, 10, model, lm_batch(), CPU)[0]] == \
+        ["LayerGradNorms"]
+
+
+@pytest.mark.parametrize("key,value", [("metrics.layer_every", -1), ("metrics.probe_batch", 0)])
+def test_bad_metrics_config_names_the_key(key, value):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        deepnorm_exp.compose([f"{key}={value}"])
+
+
+# --- the paper's measurements, at laptop scale ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def depth50_layers(tmp_path_factory):
+    """Post-LN, Pre-LN and DeepNorm, 50 layers, measured at init and after 10 steps of Adam at lr 1e-3."""
+    root = tmp_path_factory.mktemp("depth50")
+    out = {}
+    for norm in ("post", "pre", "deepnorm"):
+        cfg = deepnorm_exp.compose([*TINY, f"paths.runs={root}", "logger=none", f"norm={norm}", "depth=50",
+                                    "model.d_model=32", "model.d_ff=128", "train.steps=10", "train.lr=1e-3",
+                                    "train.warmup_steps=0", "train.eval_every=100", "metrics.layer_every=10"])
+        summary = run_experiment(cfg, progress=False)
+        out[norm] = (load_layers(summary["run_dir"]), summary["alpha"]["decoder"])
+    return out
+
+
+def test_post_ln_inputs_grow_past_the_residual_scale_and_deepnorm_stays_near_it(depth50_layers):
+    """The paper: ||x|| entering Post-LN's LayerNorms grows beyond sqrt(d), shrinking the gradient through
+    them (||dLN/dx|| = O(sqrt(d)/||x||)). DeepNorm multiplies x by alpha on purpose, so its raw LN input is
+    alpha*sqrt(d) from the start; what the argument needs is the input in units of alpha*sqrt(d), the scale
+    at which the residual path passes gradient through the LN unattenuated."""
+    d = 32
+    post, _ = depth50_layers["post"]
+    deep, alpha = depth50_layers["deepnorm"]
+    deep_at_init = deep[deep.step == 0].ln_input_norm
+    assert deep_at_init.mean() == pytest.approx(alpha * math.sqrt(d), rel=0.05)  # measured, then compared
+    post_10 = post[post.step == 10].ln_input_norm.mean() / math.sqrt(d)
+    deep_10 = deep[deep.step == 10].ln_input_norm.mean() / (alpha * math.sqrt(d))
+    assert post_10 > deep_10 * 1.1
+    growth = {name: frame[frame.step == 10].ln_input_norm.mean() / frame[frame.step == 0].ln_input_norm.mean()
+              for name, (frame, _) in depth50_layers.items() if name != "pre"}
+    assert growth["post"] > growth["deepnorm"]
+
+
+def test_gradient_profiles_post_vanishes_at_the_bottom_pre_grows_there_deepnorm_stays_flat(depth50_layers):
+    """Mean gradient norm of the 10 bottom blocks over the 10 top blocks, after 10 steps. Measured here
+    (d 32): Post-LN ~0.003, DeepNorm ~0.3, Pre-LN ~2 (at init all three are between 0.7 and 3)."""
+    def bottom_over_top(norm):
+        frame = depth50_layers[norm][0]
+        at = frame[frame.step == 10].sort_values("position")
+        return at.grad_norm.head(10).mean() / at.grad_norm.tail(10).mean()
+
+    assert bottom_over_top("post") < 0.03
+    assert bottom_over_top("deepnorm") > 0.1
+    assert bottom_over_top("pre") > 1.0
