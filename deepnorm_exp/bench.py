@@ -5,8 +5,13 @@ Reports ratios from one run (absolute times on a shared 2-core machine are noisy
   * peak memory at depths 100 and 1,000: bare loop, harness, harness with activation checkpointing, as the
     process's peak RSS minus its RSS after imports (libraries differ: the harness also loads datasets and
     Hydra), and as the whole process's peak RSS;
-  * time from command to first step at depth 6 (data cache warm), with W&B offline and without.
-Each measurement runs in its own process so peak memory is that configuration's alone. Never a test.
+  * time from command to first step at depth 6 (data cache warm), with W&B offline and without;
+  * the cost of instrumentation (deepnorm_exp/metrics/): step time with metrics off, with every metric on
+    every step, and with the scalars only on every step, at depths 100 and 1,000; from these the overhead
+    at the default intervals (log_every 10, layer_every 50) is derived, and at depth 100 also measured
+    directly over 100 steps.
+Harness step times are wall-clock from one step's end to the next (everything the loop and its callbacks
+do), after the first two steps. Each measurement runs in its own process so peak memory is that configuration's alone. Never a test.
 """
 
 from __future__ import annotations
@@ -93,14 +98,30 @@ ENCDEC = ["model=encdec", "data.translation_min_len=63", "data.translation_max_l
 def harness_step_times(depth: int, steps: int, checkpointing: bool, root: Path, extra: list[str]) -> list[float]:
     from . import compose
     from .run import run_experiment
+    from .train.trainer import Callback
 
-    cfg = compose([*SHAPE, "norm=deepnorm", f"depth={depth}", f"train.steps={steps}", "train.log_every=1",
-                   f"train.eval_every={steps}", "logger=none", f"paths.runs={root}", "experiment_name=bench",
-                   "data.eval_sequences=8", f"model.activation_checkpointing={str(checkpointing).lower()}", *extra])
-    summary = run_experiment(cfg, progress=False)
-    records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    tokens_per_step = 8 * 64  # target tokens: 8 x 64 for the decoder, 8 x (63 + EOS) for ENCDEC
-    return [tokens_per_step / r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+    class StepClock(Callback):
+        """Wall time from the end of one step to the end of the next: the loop, every callback, the sinks."""
+
+        def __init__(self):
+            self.times, self.last = [], None
+
+        def on_train_start(self, trainer):
+            self.last = time.perf_counter()
+
+        def on_step_end(self, trainer, out):
+            now = time.perf_counter()
+            self.times.append(now - self.last)
+            self.last = now
+
+    clock = StepClock()
+    overrides = [*SHAPE, "norm=deepnorm", f"depth={depth}", f"train.steps={steps}", "train.log_every=1",
+                 "metrics=off", f"train.eval_every={steps}", "logger=none", f"paths.runs={root}",
+                 "experiment_name=bench", "data.eval_sequences=8",
+                 f"model.activation_checkpointing={str(checkpointing).lower()}", *extra]
+    cfg = compose(list({o.split("=")[0]: o for o in overrides}.values()))  # a later value of a key wins
+    run_experiment(cfg, progress=False, callbacks=[clock])
+    return clock.times[:-1]  # the last step also evaluates
 
 
 def current_rss_mb() -> float:
@@ -122,22 +143,59 @@ def child(args) -> None:
         times = bare_step_times(args.depth, args.steps)
     else:
         times = harness_step_times(args.depth, args.steps, args.checkpointing, Path(args.root),
-                                   ENCDEC if args.encdec else [])
+                                   (ENCDEC if args.encdec else []) + json.loads(args.overrides))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"step_times": times, "peak_rss_mb": usage.ru_maxrss / 1024, "train_mb": usage.ru_maxrss / 1024 - baseline,
                       "page_faults_per_step": (usage.ru_minflt - faults) / len(times)}))
 
 
 def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool = False, threads: int = 2,
-            encdec: bool = False) -> dict:
+            encdec: bool = False, overrides: list[str] = ()) -> dict:
     cmd = [sys.executable, "-m", "deepnorm_exp.bench", "--child", kind, "--depth", str(depth), "--steps",
-           str(steps), "--root", str(root), "--threads", str(threads)] + (["--checkpointing"] if checkpointing else [])
-    cmd += ["--encdec"] if encdec else []
+           str(steps), "--root", str(root), "--threads", str(threads), "--overrides", json.dumps(list(overrides))]
+    cmd += (["--checkpointing"] if checkpointing else []) + (["--encdec"] if encdec else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     times = sorted(result["step_times"][2:])  # the first steps pay for allocations and warm-up
     result["median_step_s"] = times[len(times) // 2]
+    result["mean_step_s"] = sum(times) / len(times)
     return result
+
+
+# Instrumentation variants: overrides on top of the harness child's (which has metrics=off, log_every=1).
+INSTRUMENTATION = {
+    "off": [],
+    "scalars every step": ["metrics=default", "metrics.layer_every=0"],
+    "all every step": ["metrics=default", "metrics.layer_every=1"],
+}
+DEFAULT_INTERVALS = (10, 50)  # train.log_every, metrics.layer_every of the default config
+
+
+def instrumentation_section(depths: tuple[int, ...], steps: int, rounds: int, root: Path, direct_steps: int,
+                            direct_depth: int) -> None:
+    print(f"instrumentation (metrics/), every metric, probe_batch 2; step s = median after 2 warm-up steps")
+    log_every, layer_every = DEFAULT_INTERVALS
+    for depth in depths:
+        runs = {name: [] for name in INSTRUMENTATION}
+        for _ in range(rounds):  # alternate the variants, keep each one's least disturbed round
+            for name, overrides in INSTRUMENTATION.items():
+                runs[name].append(measure("harness", depth, steps, root, overrides=overrides))
+        t = {name: min(r["median_step_s"] for r in results) for name, results in runs.items()}
+        per_log, per_layer = t["scalars every step"] - t["off"], t["all every step"] - t["scalars every step"]
+        derived = (per_log / log_every + per_layer / layer_every) / t["off"]
+        print(f"  depth {depth}: off {t['off']:.3f} s/step; scalars every step {t['scalars every step'] / t['off']:.2f}x; "
+              f"all every step {t['all every step'] / t['off']:.2f}x; at log_every={log_every}, "
+              f"layer_every={layer_every}: +{100 * derived:.1f}% (derived: costs per measured step / intervals)")
+    # Directly: the default config against metrics off, mean over `direct_steps` steps (the noise floor of
+    # this machine is a few percent, so read it beside the derived figure).
+    direct = {"off": [], "default": []}
+    for _ in range(rounds):
+        direct["off"].append(measure("harness", direct_depth, direct_steps, root, overrides=["train.log_every=10"]))
+        direct["default"].append(measure("harness", direct_depth, direct_steps, root,
+                                         overrides=["metrics=default", "train.log_every=10"]))
+    best = {name: min(r["mean_step_s"] for r in results) for name, results in direct.items()}
+    print(f"  depth {direct_depth}, measured over {direct_steps} steps: default metrics {best['default']:.3f} s/step vs "
+          f"off {best['off']:.3f} s/step: {100 * (best['default'] / best['off'] - 1):+.1f}%")
 
 
 def time_to_first_step(root: Path, logger: str) -> float:
@@ -169,8 +227,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating bare/harness measurements per depth")
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--encdec", action="store_true", help="child: the encoder-decoder model")
-    parser.add_argument("--sections", default="decoder,encdec,startup",
-                        help="comma-separated: decoder (bare vs harness), encdec (100L-100L vs 200L), startup")
+    parser.add_argument("--overrides", default="[]", help="child: JSON list of extra config overrides")
+    parser.add_argument("--sections", default="decoder,encdec,startup,instrumentation",
+                        help="comma-separated: decoder (bare vs harness), encdec (100L-100L vs 200L), startup, "
+                             "instrumentation (metrics on vs off)")
     parser.add_argument("--root", default="")
     parser.add_argument("--quick", action="store_true", help="depths 10 and 100 instead of 100 and 1,000")
     args = parser.parse_args()
@@ -212,6 +272,9 @@ def main() -> None:
             first = {logger: time_to_first_step(root, logger) for logger in ("none", "wandb")}
             print(f"command to first step at depth 6: {first['none']:.2f} s (logger=none), "
                   f"{first['wandb']:.2f} s (logger=wandb, offline)")
+        if "instrumentation" in sections:
+            instrumentation_section((shallow, deep), args.steps, args.rounds, root,
+                                    direct_steps=102, direct_depth=shallow)
 
 
 def print_decoder_table(rows: dict) -> None:

@@ -77,7 +77,7 @@ class MetricsConfig:
     layer_grads: bool = True  # grad_norm per residual block
     layer_updates: bool = True  # update_ratio per residual block
     activations: bool = True  # ln_input_norm, out_norm, attn_entropy per block, on the probe batch
-    probe_batch: int = 4  # held-out examples F(x) is measured on (the first of the eval split)
+    probe_batch: int = 2  # held-out examples F(x) is measured on (the first of the eval split)
 
 
 @dataclass

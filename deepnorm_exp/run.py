@@ -6,6 +6,7 @@ import logging
 import math
 import shutil
 import time
+from typing import Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -22,7 +23,7 @@ from .summary import TRAINED_FRACTION, format_summary, learned_fraction, write_s
 from .train.batches import random_batches
 from .train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics
 from .train.optim import build_optimizer, build_scheduler
-from .train.trainer import Trainer, evaluate
+from .train.trainer import Callback, Trainer, evaluate
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -43,8 +44,12 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
-def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool | None = None) -> dict:
-    """Train one model as `cfg` says; returns the summary also written to `summary.json`."""
+def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool | None = None,
+                   callbacks: Sequence[Callback] = ()) -> dict:
+    """Train one model as `cfg` says; returns the summary also written to `summary.json`.
+
+    `callbacks`: extra observers (a notebook's, a benchmark's clock), run after the built-in ones.
+    """
     check_config(cfg)
     device = resolve_device(cfg.device)
     name = make_run_name(cfg, override_dirname)
@@ -95,7 +100,7 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
             # Gatherers first, then the divergence check (it keeps the last record), the bar and the flusher.
             callbacks=[metrics, evaluation, *instruments, divergence,
                        ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress),
-                       RecordFlusher(sinks, blocks.columns())],
+                       RecordFlusher(sinks, blocks.columns()), *callbacks],
         )
         trainer.fit()
 

@@ -17,30 +17,28 @@ from .model_update import ModelUpdate
 from .probe import Probe
 from .updates import ParameterUpdates
 
-LAYER_METRICS = ("grad_norm", "update_ratio", "ln_input_norm", "out_norm", "attn_entropy")
-
 
 def build_instruments(cfg, log_every: int, model: nn.Module, eval_tensors: dict[str, torch.Tensor],
                       device: torch.device) -> tuple[list[Callback], BlockIndex]:
     """The instrument callbacks `cfg` (the `metrics` section) asks for, and the model's block index."""
     index = BlockIndex.of(model)
-    layer_every = cfg.layer_every
-    blocks = ParamBlocks(model, index) if (cfg.update_norm or layer_every and
-                                           (cfg.layer_grads or cfg.layer_updates)) else None
-    probe = Probe(eval_tensors, cfg.probe_batch, device) if (cfg.model_update or
-                                                           layer_every and cfg.activations) else None
+    layer_grads = bool(cfg.layer_every and cfg.layer_grads)
+    layer_updates = bool(cfg.layer_every and cfg.layer_updates)
+    activations = bool(cfg.layer_every and cfg.activations)
+    blocks = ParamBlocks(model, index) if (cfg.update_norm or layer_grads or layer_updates) else None
+    probe = Probe(eval_tensors, cfg.probe_batch, device) if (cfg.model_update or activations) else None
     instruments: list[Callback] = []
-    if layer_every and cfg.layer_grads:
-        instruments.append(LayerGradNorms(blocks, layer_every))
-    if cfg.update_norm or (layer_every and cfg.layer_updates):
+    if layer_grads:
+        instruments.append(LayerGradNorms(blocks, cfg.layer_every))
+    if cfg.update_norm or layer_updates:
         instruments.append(ParameterUpdates(blocks, log_every if cfg.update_norm else 0,
-                                            layer_every if cfg.layer_updates else 0))
+                                            cfg.layer_every if layer_updates else 0))
     if cfg.model_update:
         instruments.append(ModelUpdate(probe, log_every))
-    if layer_every and cfg.activations:
-        instruments.append(ActivationStats(index, probe, layer_every))
+    if activations:
+        instruments.append(ActivationStats(index, probe, cfg.layer_every))
     return instruments, index
 
 
-__all__ = ["build_instruments", "BlockIndex", "ParamBlocks", "Probe", "LAYER_METRICS", "ActivationStats",
+__all__ = ["build_instruments", "BlockIndex", "ParamBlocks", "Probe", "ActivationStats",
            "LayerGradNorms", "ModelUpdate", "ParameterUpdates"]

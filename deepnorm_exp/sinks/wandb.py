@@ -8,6 +8,7 @@ one panel per sublayer kind), re-drawn at every per-layer step. The full vectors
 
 from __future__ import annotations
 
+import io
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -64,17 +65,16 @@ class WandbSink(Sink):
         self.run.log(record)
 
     def _heatmap(self, metric: str, stack: str, table: dict, rows: np.ndarray):
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display on a training node
-        import matplotlib.pyplot as plt
+        # matplotlib's object API with its Agg canvas: no pyplot, so a notebook's backend is left alone.
+        from matplotlib.figure import Figure
+        from PIL import Image
 
         steps = [s for s, _ in self.history[metric, stack]]
         matrix = np.stack([v for _, v in self.history[metric, stack]], axis=1)  # blocks x steps
         kinds = table["sublayer"][rows]
         panels = [k for k in dict.fromkeys(kinds) if np.isfinite(matrix[kinds == k]).any()]
-        fig, axes = plt.subplots(1, len(panels), figsize=(3 * len(panels) + 1, 4), squeeze=False)
-        for ax, kind in zip(axes[0], panels):
+        fig = Figure(figsize=(3 * len(panels) + 1, 4), layout="tight")
+        for ax, kind in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
             values = matrix[kinds == kind]
             if metric in LOG_SCALE:
                 values = np.log10(np.where(values > 0, values, np.nan))
@@ -87,10 +87,10 @@ class WandbSink(Sink):
             ax.set_ylabel("layer")
             fig.colorbar(image, ax=ax, label=f"log10 {metric}" if metric in LOG_SCALE else metric)
         fig.suptitle(f"{metric}, {stack}")
-        fig.tight_layout()
-        image = self.wandb.Image(fig)
-        plt.close(fig)
-        return image
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=80)
+        png.seek(0)
+        return self.wandb.Image(Image.open(png))
 
     def event(self, event: dict) -> None:
         self.run.summary[event["event"]] = event
