@@ -6,13 +6,14 @@ sweeper does) and checks each one, so bad input fails in a second, before any ru
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from .build import check_config
@@ -80,11 +81,23 @@ def expand_jobs(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
     return jobs
 
 
-def preflight(overrides: Sequence[str], multirun: bool) -> int:
-    """Compose and check every job; returns how many there are, or raises ConfigError."""
-    jobs = expand_jobs(overrides, multirun)
-    for job in jobs:
-        cfg = _compose(job)
+@dataclass
+class Job:
+    cfg: DictConfig  # checked, without the hydra node
+    override_dirname: str  # Hydra's, what the run directory is named from
+    fixed: bool  # launched exactly as composed (the basic sweeper); false when a sweeper picks values
+
+
+def preflight(overrides: Sequence[str], multirun: bool) -> list[Job]:
+    """Compose and check every job; returns them, or raises ConfigError."""
+    checked = []
+    for job in expand_jobs(overrides, multirun):
+        cfg = _compose(job, hydra_config=True)
+        override_dirname = cfg.hydra.job.override_dirname
+        fixed = str(cfg.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper")
+        with open_dict(cfg):
+            del cfg["hydra"]
         check_config(cfg)
-    return len(jobs)
+        checked.append(Job(cfg, override_dirname, fixed))
+    return checked
 

@@ -63,6 +63,8 @@ class TrainConfig:
     grad_clip: Optional[float] = None  # off: clipping hides the instability this harness measures
     eval_every: int = 100
     log_every: int = 10
+    ckpt_every: int = 100  # steps between checkpoints (0: none); a finished run deletes its checkpoint
+    keep_checkpoint: bool = False  # keep checkpoint.pt after the run completes or diverges
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
 
@@ -106,6 +108,8 @@ class Config:
     depth: int = 6
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: Optional[int] = None  # torch CPU threads for this run; null = torch's default
+    resume: bool = True  # skip finished runs, continue unfinished ones from their checkpoint
     experiment_name: str = "default"
 
 
@@ -122,7 +126,8 @@ POSITIVE_INTS = ("depth", "model.d_model", "model.n_heads", "model.d_ff", "model
                  "model.vocab_size", "train.steps", "train.batch_size", "train.seq_len", "train.log_every",
                  "train.eval_every", "train.divergence.spike_patience", "metrics.probe_batch")
 POSITIVE_FLOATS = ("train.lr", "model.norm_eps", "train.adam_eps", "train.divergence.spike_factor")
-NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "model.dropout", "metrics.layer_every")
+NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "model.dropout", "metrics.layer_every",
+                "train.ckpt_every")
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -163,6 +168,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("train.betas", betas, "must be two numbers in [0, 1)")
     if cfg.train.grad_clip is not None and cfg.train.grad_clip <= 0:
         raise ConfigError("train.grad_clip", cfg.train.grad_clip, "must be > 0, or null for no clipping")
+    if cfg.threads is not None and cfg.threads <= 0:
+        raise ConfigError("threads", cfg.threads, "must be a positive integer, or null for torch's default")
     device = cfg.device
     if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
         raise ConfigError("device", device, "choose auto, cpu, cuda or cuda:N")

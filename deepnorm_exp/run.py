@@ -6,6 +6,7 @@ import logging
 import math
 import shutil
 import time
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -19,15 +20,18 @@ from .metrics import build_instruments
 from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
 from .sinks import build_sinks
-from .summary import TRAINED_FRACTION, format_summary, learned_fraction, write_summary
-from .train.batches import random_batches
+from .preemption import PreemptionGuard
+from .runlock import RunLock
+from .summary import TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
+from .train import checkpoint
+from .train.batches import RandomBatches
 from .train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics
 from .train.optim import build_optimizer, build_scheduler
 from .train.trainer import Callback, Trainer, evaluate
 
 log = logging.getLogger("deepnorm_exp")
 
-RECORD_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "layers", "summary.json", "wandb")
+RECORD_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "layers", "summary.json", "wandb", "checkpoint.pt")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -44,27 +48,79 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+FINAL = ("completed", "diverged")  # a re-run skips these; anything else resumes or starts over
+
+
 def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool | None = None,
                    callbacks: Sequence[Callback] = ()) -> dict:
     """Train one model as `cfg` says; returns the summary also written to `summary.json`.
 
+    Idempotent: with `resume=true` (the default) a run whose summary says completed or diverged is not
+    trained again, and an unfinished one continues from its checkpoint; `resume=false` starts over.
     `callbacks`: extra observers (a notebook's, a benchmark's clock), run after the built-in ones.
     """
     check_config(cfg)
     device = resolve_device(cfg.device)
     name = make_run_name(cfg, override_dirname)
     out_dir = make_run_dir(cfg, name)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in RECORD_FILES:  # a re-run of the same command replaces the earlier records
-        path = out_dir / stale
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+    lock = RunLock(out_dir)
+    if not lock.acquire():
+        log.warning("%s: another process is running it; leaving it to that one", out_dir)
+        return {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
+    try:
+        previous = read_summary(out_dir / "summary.json")
+        if cfg.resume and previous is not None and previous.get("status") in FINAL:
+            log.info("%s: already %s, not run again (resume=false starts over)", out_dir, previous["status"])
+            return previous
+        state = None
+        if cfg.resume and (out_dir / checkpoint.CHECKPOINT).exists():
+            state = checkpoint.load(out_dir / checkpoint.CHECKPOINT, device)
+            check_resumable(state["config"], cfg)
+            log.info("%s: resuming from step %d", out_dir, state["step"])
+        else:
+            for stale in RECORD_FILES:  # starting over: nothing of an earlier attempt survives
+                path = out_dir / stale
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+        with PreemptionGuard() as guard:
+            summary = _train(cfg, device, name, out_dir, state, progress, callbacks, guard)
+    finally:
+        lock.release()
+    guard.forward()  # after the records are written: a preemption's signal goes on (submitit requeues)
+    return summary
 
+
+def check_resumable(saved: dict, cfg: DictConfig) -> None:
+    """A checkpoint only continues the run it came from: same sections that decide what is trained."""
+    current = OmegaConf.to_container(cfg, resolve=True)
+    for key in RESUME_KEYS:
+        before, now = _select(saved, key), _select(current, key)
+        for interval in RESUME_FREE:
+            before.pop(interval, None) if isinstance(before, dict) else None
+            now.pop(interval, None) if isinstance(now, dict) else None
+        if before != now:
+            raise ConfigError("resume", "true", f"the run directory's checkpoint was trained with a different "
+                                                f"`{key}`; use resume=false to start over")
+
+
+RESUME_KEYS = ("norm", "model", "data", "train", "metrics", "depth", "seed")
+RESUME_FREE = ("log_every", "eval_every", "ckpt_every", "keep_checkpoint")  # train keys a resume may change
+
+
+def _select(container: dict, key: str):
+    value = container.get(key)
+    return dict(value) if isinstance(value, dict) else value
+
+
+def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, state: dict | None,
+           progress: bool | None, callbacks: Sequence[Callback], guard: PreemptionGuard) -> dict:
     started = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     scheme = make_scheme(cfg)
     summary = {
         "status": "failed", "trained": None, "learned_fraction": None,
-        "steps": cfg.train.steps, "steps_completed": 0,
+        "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": state["step"] if state else None,
         "final_loss": None, "eval_loss": None, "optimal_loss": None, "unigram_loss": None, "excess_loss": None,
         "diverged_at_step": None, "divergence_reason": None, "divergence": None,
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
@@ -92,22 +148,32 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
         evaluation = Evaluation(cfg.train.eval_every, eval_loss)
         divergence = DivergenceDetector(cfg.train.divergence.spike_factor, cfg.train.divergence.spike_patience)
         instruments, blocks = build_instruments(cfg.metrics, cfg.train.log_every, model, data.eval, device)
+        checkpointer = checkpoint.Checkpointer(out_dir / checkpoint.CHECKPOINT, cfg.train.ckpt_every,
+                                               guard.stop_reason)
         optimizer = build_optimizer(model, cfg.train)
         trainer = Trainer(
             model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
-            batches=random_batches(data.train, cfg.train.batch_size, cfg.seed), steps=cfg.train.steps,
+            batches=RandomBatches(data.train, cfg.train.batch_size, cfg.seed), steps=cfg.train.steps,
             device=device, autocast_dtype=dtype, grad_clip=cfg.train.grad_clip,
-            # Gatherers first, then the divergence check (it keeps the last record), the bar and the flusher.
+            # Gatherers first, then the divergence check (it keeps the last record), the bar, the flusher;
+            # the checkpointer last, once every other callback's state is final for the step.
             callbacks=[metrics, evaluation, *instruments, divergence,
                        ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress),
-                       RecordFlusher(sinks, blocks.columns()), *callbacks],
+                       RecordFlusher(sinks, blocks.columns()), *callbacks, checkpointer],
         )
+        if state is not None:
+            checkpoint.restore(trainer, state)
+            del state
         trainer.fit()
+        summary.update(steps_completed=trainer.step, final_loss=metrics.last_loss,
+                       tokens_per_s=metrics.mean_tokens_per_s)
+        if guard.stop_reason() is not None and divergence.event is None:
+            summary.update(status="interrupted", error=guard.stop_reason(), eval_loss=evaluation.last)
+            return summary  # no evaluation: a preempted job has seconds left; the resumed run finishes it
 
         if evaluation.last_step != trainer.step or evaluation.last is None:
             evaluation.last = eval_loss()  # a diverged run: evaluate its last healthy weights
-        summary.update(steps_completed=trainer.step, final_loss=metrics.last_loss, eval_loss=evaluation.last,
-                       tokens_per_s=metrics.mean_tokens_per_s)
+        summary["eval_loss"] = evaluation.last
         if data.optimal_loss is not None and math.isfinite(evaluation.last):
             summary["excess_loss"] = evaluation.last - data.optimal_loss
         fraction = learned_fraction(evaluation.last, data.unigram_loss, data.optimal_loss)
@@ -121,6 +187,8 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
             from .translation_eval import exact_match
 
             summary["exact_match"] = exact_match(model, data, cfg.data.eval_decode, cfg.train.batch_size, device)
+        if not cfg.train.keep_checkpoint:  # finished: nothing left to resume
+            (out_dir / checkpoint.CHECKPOINT).unlink(missing_ok=True)
     except BaseException as e:
         summary["error"] = f"{type(e).__name__}: {e}"
         raise

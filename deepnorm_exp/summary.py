@@ -32,6 +32,14 @@ def write_summary(path: Path, summary: dict) -> None:
     tmp.replace(path)
 
 
+def read_summary(path: Path) -> dict | None:
+    """The summary a run left, or None (no file, or one cut short by a crash while written)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
 def _fmt(value: Any, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 

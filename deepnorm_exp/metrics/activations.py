@@ -35,7 +35,8 @@ class ActivationStats(Callback):
         self.index, self.probe, self.every = index, probe, every
 
     def on_train_start(self, trainer: Trainer) -> None:
-        trainer.layer_record.update(self.measure(trainer.model))
+        if trainer.step == 0:  # not again when resuming
+            trainer.layer_record.update(self.measure(trainer.model))
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
         if is_due(out.step, self.every, trainer.steps):

@@ -20,7 +20,14 @@ class ModelUpdate(Callback):
         self.initial = self.previous = None
 
     def on_train_start(self, trainer: Trainer) -> None:
-        self.initial = self.probe.features(trainer.model)
+        if self.initial is None:  # a resumed run brings theta_0's output from its checkpoint
+            self.initial = self.probe.features(trainer.model)
+
+    def state_dict(self) -> dict:
+        return {"initial": self.initial}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.initial = state["initial"]
 
     def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
         if is_due(out.step, self.every, trainer.steps):

@@ -33,6 +33,13 @@ class Sink:
     def close(self) -> None:
         """Release what the sink holds without a summary: it is being dropped after an error."""
 
+    def state_dict(self) -> dict:
+        """Its position in what it writes, for a checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resuming from a checkpoint: forget whatever was written after `state` was taken."""
+
 
 class Guarded(Sink):
     """Runs an optional sink; its first exception is logged as one warning and the sink is dropped
@@ -72,6 +79,13 @@ class Guarded(Sink):
     def finish(self, summary: dict) -> None:
         if self.sink is not None:
             self._call("finish", self.sink.finish, summary)
+
+    def state_dict(self) -> dict:
+        return self.sink.state_dict() if self.sink is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.sink is not None:
+            self._call("load_state_dict", self.sink.load_state_dict, state)
 
 
 def build_sinks(cfg: DictConfig, run_dir: Path, run_name: str) -> list[Sink]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from . import Sink
@@ -18,9 +19,11 @@ def _jsonable(value):
 
 
 class JsonlSink(Sink):
+    """Appends: a fresh run starts from a cleaned directory, a resumed one continues its files."""
+
     def __init__(self, run_dir: Path):
-        self.metrics = open(run_dir / "metrics.jsonl", "w", encoding="utf-8")
-        self.events_path = run_dir / "events.jsonl"
+        self.metrics_path, self.events_path = run_dir / "metrics.jsonl", run_dir / "events.jsonl"
+        self.metrics = open(self.metrics_path, "a", encoding="utf-8")
 
     def log(self, record: dict) -> None:
         self.metrics.write(json.dumps(_jsonable(record)) + "\n")
@@ -32,3 +35,14 @@ class JsonlSink(Sink):
 
     def finish(self, summary: dict) -> None:
         self.metrics.close()
+
+    def state_dict(self) -> dict:
+        events = self.events_path.stat().st_size if self.events_path.exists() else 0
+        return {"metrics_bytes": self.metrics.tell(), "events_bytes": events}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.metrics.close()
+        os.truncate(self.metrics_path, state["metrics_bytes"])
+        self.metrics = open(self.metrics_path, "a", encoding="utf-8")
+        if self.events_path.exists():
+            os.truncate(self.events_path, state["events_bytes"])

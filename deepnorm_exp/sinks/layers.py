@@ -19,6 +19,7 @@ from . import Sink
 class LayerFileSink(Sink):
     def __init__(self, directory: Path):
         self.directory = directory
+        self.last_step: int | None = None
 
     def log_layers(self, step: int, table: dict[str, np.ndarray]) -> None:
         import pyarrow as pa
@@ -31,6 +32,16 @@ class LayerFileSink(Sink):
         temporary = self.directory / f".{final.name}.tmp"
         pq.write_table(pa.table(columns), temporary)
         os.replace(temporary, final)
+        self.last_step = step
+
+    def state_dict(self) -> dict:
+        return {"last_step": self.last_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        last = -1 if state["last_step"] is None else state["last_step"]
+        for path in self.directory.glob("step_*.parquet"):
+            if int(path.stem.split("_")[1]) > last:
+                path.unlink()
 
 
 def load_layers(run_dir: Path):

@@ -27,7 +27,15 @@ class WandbSink(Sink):
         import wandb
 
         self.wandb = wandb
+        # A resumed run continues its W&B run: the id lives beside it (a fresh start deletes wandb/).
+        id_file = run_dir / "wandb" / "run_id"
+        resuming = id_file.exists()
+        run_id = id_file.read_text().strip() if resuming else wandb.util.generate_id()
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(run_id + "\n")
         self.run = wandb.init(
+            id=run_id,
+            resume="allow" if resuming else None,
             project=cfg.logger.project,
             entity=cfg.logger.entity,
             mode=cfg.logger.mode,

@@ -1,4 +1,4 @@
-"""Deterministic batches: seeded epoch permutations of the training examples."""
+"""Deterministic batches: seeded epoch permutations of the training examples, resumable mid-epoch."""
 
 from __future__ import annotations
 
@@ -7,15 +7,44 @@ from typing import Iterator
 import torch
 
 
-def random_batches(tensors: dict[str, torch.Tensor], batch_size: int, seed: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Endless batches of every tensor's rows; each example is used once per epoch, the order fixed by `seed`."""
-    n = next(iter(tensors.values())).shape[0]
-    generator = torch.Generator().manual_seed(seed)
-    while True:
-        order = torch.randperm(n, generator=generator)
-        for start in range(0, n - batch_size + 1, batch_size):
-            index = order[start:start + batch_size]
-            yield {name: t[index] for name, t in tensors.items()}
+class RandomBatches:
+    """Endless batches of every tensor's rows; each example is used once per epoch, the order fixed by `seed`.
+
+    `state_dict()` is the generator's state at the start of the current epoch plus the position in it, so a
+    resumed run draws exactly the batches an uninterrupted one would have.
+    """
+
+    def __init__(self, tensors: dict[str, torch.Tensor], batch_size: int, seed: int):
+        self.tensors, self.batch_size = tensors, batch_size
+        self.n = next(iter(tensors.values())).shape[0]
+        self.generator = torch.Generator().manual_seed(seed)
+        self.epoch_start_state: torch.Tensor | None = None
+        self.order: torch.Tensor | None = None
+        self.position = 0
+
+    def _new_epoch(self) -> None:
+        self.epoch_start_state = self.generator.get_state()
+        self.order = torch.randperm(self.n, generator=self.generator)
+        self.position = 0
+
+    def __iter__(self) -> "RandomBatches":
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self.order is None or self.position + self.batch_size > self.n:
+            self._new_epoch()
+        index = self.order[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return {name: t[index] for name, t in self.tensors.items()}
+
+    def state_dict(self) -> dict:
+        return {"epoch_start_state": self.epoch_start_state, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["epoch_start_state"] is not None:
+            self.generator.set_state(state["epoch_start_state"])
+            self._new_epoch()
+            self.position = state["position"]
 
 
 def sequential_batches(tensors: dict[str, torch.Tensor], batch_size: int) -> Iterator[dict[str, torch.Tensor]]:

@@ -38,6 +38,12 @@ class ScalarMetrics(Callback):
                                   tokens_per_s=self.tokens_per_s)
             self._reset()
 
+    def state_dict(self) -> dict:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
+
     @property
     def mean_tokens_per_s(self) -> float | None:
         return self.total_tokens / self.total_seconds if self.total_seconds else None
@@ -55,6 +61,12 @@ class Evaluation(Callback):
         if is_due(out.step, self.every, trainer.steps):
             self.last, self.last_step = self.evaluate(), out.step
             trainer.record["eval_loss"] = self.last
+
+    def state_dict(self) -> dict:
+        return {"last": self.last, "last_step": self.last_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last, self.last_step = state["last"], state["last_step"]
 
 
 class DivergenceDetector(Callback):
@@ -97,6 +109,12 @@ class DivergenceDetector(Callback):
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
         if trainer.record:  # installed after the callbacks that gather, before the flusher
             self.last_logged = {"step": out.step, **trainer.record}
+
+    def state_dict(self) -> dict:
+        return {key: getattr(self, key) for key in ("best", "above", "event", "last_healthy", "last_logged")}
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
 
 
 class ProgressBar(Callback):
@@ -151,8 +169,16 @@ class RecordFlusher(Callback):
                 sink.log_layers(step, table)
 
     def on_train_start(self, trainer: Trainer) -> None:
-        self._flush(trainer, trainer.step)  # measurements of the initial weights, as step 0
+        self._flush(trainer, trainer.step)  # measurements of the initial weights, as step 0 (none if resumed)
         trainer.layer_record.clear()
+
+    def state_dict(self) -> dict:
+        """Each sink's position (bytes written, last step), so a resumed run cuts what came after."""
+        return {"sinks": [sink.state_dict() for sink in self.sinks]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for sink, sink_state in zip(self.sinks, state["sinks"]):
+            sink.load_state_dict(sink_state)
 
     def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
         if trainer.stop_reason is not None:  # the divergence record: written the moment it happens

@@ -44,6 +44,12 @@ class Callback:
 
     def on_train_end(self, trainer: "Trainer") -> None: ...
 
+    def state_dict(self) -> dict:
+        """What a checkpoint must hold for this callback to continue as if the run never stopped."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
+
 
 @contextlib.contextmanager
 def frozen_gc():

@@ -1,0 +1,81 @@
+"""The stability frontier: for each cell of a grid (norm x depth x ...), the largest learning rate that
+trains without divergence, found by bisection on a log scale instead of a full learning-rate grid.
+
+Pure search logic, so it can be tested on a planted threshold; the Hydra sweeper that launches the probes
+as ordinary runs is `hydra_plugins/deepnorm_exp_frontier/`. Assumes stability is monotone in the learning
+rate within the bounds (stable below some rate, unstable above), which is what a frontier means.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+
+def round_lr(lr: float) -> float:
+    """Probe learning rates at 3 significant digits: readable run names, and the rate the run used."""
+    return float(f"{lr:.3g}")
+
+
+@dataclass
+class Cell:
+    """The search in one cell: `stable` is the largest rate seen stable, `unstable` the smallest unstable."""
+
+    key: Hashable
+    lo: float
+    hi: float
+    resolution: float
+    stable: float | None = None
+    unstable: float | None = None
+    probes: list[tuple[float, bool]] = field(default_factory=list)
+    error: str | None = None
+
+    def next_lr(self) -> float | None:
+        """The rate to probe next, or None when the cell is settled."""
+        if self.error is not None:
+            return None
+        if not self.probes:
+            return round_lr(self.hi)  # the optimistic end first: a stable hi settles the cell at once
+        if self.unstable is None:
+            return None  # hi was stable: the frontier is at or above the range
+        if self.stable is None:
+            tried_lo = any(lr == round_lr(self.lo) for lr, _ in self.probes)
+            return None if tried_lo else round_lr(self.lo)  # lo unstable too: the frontier is below
+        if self.unstable / self.stable <= self.resolution:
+            return None
+        mid = round_lr(math.sqrt(self.stable * self.unstable))  # bisection on a log scale
+        return None if mid in (self.stable, self.unstable) else mid  # 3 digits cannot split it further
+
+    def record(self, lr: float, stable: bool) -> None:
+        self.probes.append((lr, stable))
+        if stable:
+            self.stable = lr if self.stable is None else max(self.stable, lr)
+        else:
+            self.unstable = lr if self.unstable is None else min(self.unstable, lr)
+
+    def result(self) -> dict:
+        return {"max_stable_lr": self.stable, "min_unstable_lr": self.unstable, "runs": len(self.probes),
+                "probes": [{"lr": lr, "stable": ok} for lr, ok in self.probes], "error": self.error}
+
+
+def grid_runs(lo: float, hi: float, resolution: float) -> int:
+    """Runs a log-spaced grid from lo to hi with neighbours `resolution` apart would take per cell."""
+    return math.ceil(math.log(hi / lo) / math.log(resolution) - 1e-9) + 1
+
+
+def search(keys: Sequence[Hashable], lo: float, hi: float, resolution: float,
+           probe: Callable[[list[tuple[Hashable, float]]], list[bool | None]]) -> list[Cell]:
+    """Bisect every cell at once: each round probes one rate per unsettled cell (a batch the launcher can
+    run in parallel). `probe` returns, per (cell key, lr), whether the run was stable (None: it failed)."""
+    cells = [Cell(key, lo, hi, resolution) for key in keys]
+    while True:
+        batch = [(cell, cell.next_lr()) for cell in cells]
+        batch = [(cell, lr) for cell, lr in batch if lr is not None]
+        if not batch:
+            return cells
+        for (cell, lr), stable in zip(batch, probe([(cell.key, lr) for cell, lr in batch])):
+            if stable is None:
+                cell.error = f"the run at lr {lr:g} failed"
+            else:
+                cell.record(lr, stable)

@@ -1,0 +1,38 @@
+"""One process per run directory: an exclusive `flock` on `<run dir>/.lock`, held for the whole run.
+
+Two sweeps launched at once into the same root compute the same directory for the same job; the second
+to arrive finds the lock taken and leaves the run to the first. The kernel drops the lock when its holder
+dies (even by SIGKILL), so a crashed run never blocks its re-run. (flock is reliable on local disks and
+most cluster file systems; on NFS without lock support, do not launch the same job twice at once.)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+
+class RunLock:
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / ".lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None

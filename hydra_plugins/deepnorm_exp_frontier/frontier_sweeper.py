@@ -1,0 +1,125 @@
+"""`hydra/sweeper=frontier`: the largest stable learning rate per grid cell, by log-scale bisection.
+
+    python -m deepnorm_exp -m hydra/sweeper=frontier norm=post,pre,deepnorm depth=6,24,100
+
+The sweep's other axes (here norm x depth) form the cells; in each, learning rates between
+`hydra.sweeper.lr_min` and `lr_max` are probed as ordinary runs (each with its own run directory, summary
+and records, launched by whatever launcher is configured, one batch per bisection round) until the largest
+stable rate and the smallest unstable one are within a factor `resolution`. `frontier.json` in the sweep
+directory lists, per cell, the max stable lr, the runs spent, and what a grid of the same resolution would
+have cost. The search itself is deepnorm_exp/frontier.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FrontierSweeperConf:
+    _target_: str = "hydra_plugins.deepnorm_exp_frontier.frontier_sweeper.FrontierSweeper"
+    params: Dict[str, str] = field(default_factory=dict)  # grid axes besides the learning rate
+    key: str = "train.lr"  # the config key probed
+    lr_min: float = 1e-4
+    lr_max: float = 3e-2
+    resolution: float = 1.5  # stop when (smallest unstable) / (largest stable) <= this
+    stable_if: str = "completed"  # completed: not diverged; trained: completed and learned (summary.trained)
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="frontier", node=FrontierSweeperConf,
+                             provider="deepnorm_exp")
+
+
+class FrontierSweeper(Sweeper):
+    def __init__(self, params: Optional[Dict[str, str]], key: str, lr_min: float, lr_max: float,
+                 resolution: float, stable_if: str) -> None:
+        if not 0 < lr_min < lr_max:
+            raise ValueError(f"hydra.sweeper: need 0 < lr_min < lr_max, got {lr_min}, {lr_max}")
+        if resolution <= 1:
+            raise ValueError(f"hydra.sweeper.resolution={resolution}: must be > 1")
+        if stable_if not in ("completed", "trained"):
+            raise ValueError(f"hydra.sweeper.stable_if={stable_if}: choose completed or trained")
+        self.params, self.key = dict(params or {}), key
+        self.lr_min, self.lr_max, self.resolution, self.stable_if = lr_min, lr_max, resolution, stable_if
+        self.config: Optional[DictConfig] = None
+        self.launcher = None
+        self.hydra_context: Optional[HydraContext] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def _stable(self, result: JobReturn) -> Optional[bool]:
+        """True/False for a run that ended stable/diverged; None for one that failed or was skipped."""
+        if result.status != JobStatus.COMPLETED or not isinstance(result.return_value, dict):
+            return None
+        summary = result.return_value
+        if summary.get("status") == "diverged":
+            return False
+        if summary.get("status") != "completed":
+            return None
+        return bool(summary.get("trained")) if self.stable_if == "trained" else True
+
+    def sweep(self, arguments: List[str]) -> Any:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+        from deepnorm_exp.frontier import grid_runs, search
+
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        axes = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        cells = [tuple(cell) for cell in BasicSweeper.split_arguments(parser.parse_overrides(axes), None)[0]]
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        launched = 0
+
+        def probe(batch):
+            nonlocal launched
+            jobs = [[*cell, f"{self.key}={lr:g}"] for cell, lr in batch]
+            results = self.launcher.launch(jobs, initial_job_idx=launched)
+            launched += len(jobs)
+            return [self._stable(result) for result in results]
+
+        found = search(cells, self.lr_min, self.lr_max, self.resolution, probe)
+        per_cell_grid = grid_runs(self.lr_min, self.lr_max, self.resolution)
+        report = {
+            "key": self.key, "lr_min": self.lr_min, "lr_max": self.lr_max, "resolution": self.resolution,
+            "stable_if": self.stable_if,
+            "cells": [{**dict(o.split("=", 1) for o in cell.key), "overrides": list(cell.key), **cell.result()}
+                      for cell in found],
+            "runs_spent": launched, "grid_runs": per_cell_grid * len(found),
+        }
+        (sweep_dir / "frontier.json").write_text(json.dumps(report, indent=2) + "\n")
+        log.info(format_frontier(report))
+        print(format_frontier(report), flush=True)
+        return report
+
+
+def format_frontier(report: dict) -> str:
+    lines = [f"stability frontier: largest stable {report['key']} in [{report['lr_min']:g}, {report['lr_max']:g}]"
+             f", resolution x{report['resolution']:g} ({report['stable_if']})"]
+    for cell in report["cells"]:
+        stable = "-" if cell["max_stable_lr"] is None else f"{cell['max_stable_lr']:g}"
+        unstable = "-" if cell["min_unstable_lr"] is None else f"{cell['min_unstable_lr']:g}"
+        note = f"  ({cell['error']})" if cell["error"] else ""
+        lines.append(f"  {' '.join(cell['overrides']):<40} max stable {stable:>8}  first unstable {unstable:>8}"
+                     f"  runs {cell['runs']}{note}")
+    lines.append(f"runs spent {report['runs_spent']}; a grid of the same resolution: {report['grid_runs']}")
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""Resume and idempotence: checkpoints, skipping finished runs, continuing killed ones bit for bit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import deepnorm_exp
+from deepnorm_exp.errors import ConfigError
+from deepnorm_exp.run import run_experiment
+from deepnorm_exp.runlock import RunLock
+from deepnorm_exp.train.batches import RandomBatches
+
+from conftest import REPO, TINY, run_cli
+
+
+def test_random_batches_resume_mid_epoch_with_the_same_batches():
+    tensors = {"x": torch.arange(10)[:, None]}
+    straight = RandomBatches(tensors, 3, seed=5)
+    expected = [next(straight)["x"].flatten().tolist() for _ in range(8)]  # 3 per epoch: crosses epochs
+    first = RandomBatches(tensors, 3, seed=5)
+    got = [next(first)["x"].flatten().tolist() for _ in range(4)]
+    resumed = RandomBatches(tensors, 3, seed=5)
+    resumed.load_state_dict(first.state_dict())
+    got += [next(resumed)["x"].flatten().tolist() for _ in range(4)]
+    assert got == expected
+    assert sorted(sum(expected[:3], [])) == sorted(set(sum(expected[:3], [])))  # no repeats in an epoch
+
+
+def test_run_lock_is_exclusive_and_released(tmp_path):
+    first, second = RunLock(tmp_path), RunLock(tmp_path)
+    assert first.acquire() and not second.acquire()
+    first.release()
+    assert second.acquire()
+    second.release()
+
+
+def config(root, *overrides):
+    return deepnorm_exp.compose([*TINY, f"paths.runs={root}", "logger=none", *overrides])
+
+
+def losses(run_dir) -> list:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, lines) if "loss" in r]
+
+
+def test_finished_runs_are_skipped_and_resume_false_starts_over(tmp_path):
+    first = run_experiment(config(tmp_path), progress=False)
+    assert first["status"] == "completed" and not (Path(first["run_dir"]) / "checkpoint.pt").exists()
+    started = time.perf_counter()
+    again = run_experiment(config(tmp_path), progress=False)
+    assert again == first and time.perf_counter() - started < 1.0
+    fresh = run_experiment(config(tmp_path, "resume=false"), progress=False)
+    assert fresh["wall_s"] != first["wall_s"] and losses(fresh["run_dir"]) == losses(first["run_dir"])
+
+
+def test_resume_from_a_checkpoint_gives_the_uninterrupted_losses_and_records(tmp_path):
+    """An in-process stand-in for a crash: stop after step 7 of 12 (checkpoint at 6), then re-run."""
+    overrides = ["train.steps=12", "train.log_every=1", "train.ckpt_every=3", "metrics.layer_every=4",
+                 "model.dropout=0.1", "train.eval_every=5"]
+    straight = run_experiment(config(tmp_path / "a", *overrides), progress=False)
+
+    from deepnorm_exp.train.trainer import Callback
+
+    class Crash(Callback):
+        def on_step_end(self, trainer, out):
+            if out.step == 7:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config(tmp_path / "b", *overrides), progress=False, callbacks=[Crash()])
+    run_dir = Path(straight["run_dir"].replace(str(tmp_path / "a"), str(tmp_path / "b")))
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] == 6
+    resumed = run_experiment(config(tmp_path / "b", *overrides), progress=False,
+                             callbacks=[Callback()])  # the same callback count as the crashed attempt
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 6
+    assert losses(run_dir) == losses(straight["run_dir"])  # records after step 6 were cut, then rewritten
+    assert resumed["eval_loss"] == straight["eval_loss"] and resumed["final_loss"] == straight["final_loss"]
+    from deepnorm_exp.sinks.layers import load_layers
+
+    a, b = load_layers(straight["run_dir"]), load_layers(run_dir)
+    assert sorted(b.step.unique()) == [0, 4, 8, 12]
+    assert a.equals(b)
+
+
+def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path):
+    from deepnorm_exp.train.trainer import Callback
+
+    class Crash(Callback):
+        def on_step_end(self, trainer, out):
+            if out.step == 4:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config(tmp_path, "train.ckpt_every=2"), progress=False, callbacks=[Crash()])
+    changed = config(tmp_path, "train.ckpt_every=2", "data.seed=9")  # not in the run name: same directory
+    with pytest.raises(ConfigError, match="resume=false"):
+        run_experiment(changed, progress=False, callbacks=[Callback()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_killed_run_rerun_matches_an_uninterrupted_run_step_by_step(tmp_path, how):
+    """kill -9 between checkpoints (or SIGTERM: checkpoint at the step boundary, then exit), re-run the
+    same command: the per-step losses equal an uninterrupted run's, bit for bit (same thread count)."""
+    args = [*TINY, "train.steps=400", "train.log_every=1", "train.ckpt_every=50", "train.eval_every=1000",
+            "model.dropout=0.1", "threads=1", "logger=none", "metrics.layer_every=100"]
+    straight = run_cli(*args, f"paths.runs={tmp_path / 'a'}")
+    assert straight.returncode == 0, straight.stderr
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", *args, f"paths.runs={tmp_path / 'b'}"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    metrics = None
+    while time.time() < deadline:
+        found = list((tmp_path / "b").glob("*/*/metrics.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 120:
+            metrics = found[0]
+            break
+        time.sleep(0.02)
+    assert metrics is not None, "the run never got to step 120"
+    proc.send_signal(getattr(signal, how))
+    proc.wait(timeout=60)
+    assert proc.returncode == -getattr(signal, how)
+    run_dir = metrics.parent
+    stopped = json.loads((run_dir / "summary.json").read_text())["status"] if how == "SIGTERM" else None
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"]
+    if how == "SIGTERM":  # checkpointed where it stopped, and said so
+        assert stopped == "interrupted" and saved >= 120
+    else:
+        assert saved % 50 == 0 and saved >= 100
+    rerun = run_cli(*args, f"paths.runs={tmp_path / 'b'}")
+    assert rerun.returncode == 0, rerun.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from_step"] == saved
+    (straight_dir,) = (tmp_path / "a").glob("*/*/")
+    assert losses(run_dir) == losses(straight_dir) and len(losses(run_dir)) == 400
