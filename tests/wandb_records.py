@@ -5,6 +5,7 @@ each a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last) an
 """
 
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2
@@ -25,6 +26,8 @@ def raw_records(path: Path):
         if length == 0 and kind == 0:
             pos += left
             continue
+        if pos + HEADER + length > len(data):  # still being written
+            return
         chunk = data[pos + HEADER:pos + HEADER + length]
         pos += HEADER + length
         if kind == 1:
@@ -44,8 +47,14 @@ def records(path: Path):
         yield record
 
 
-def read_run(path: Path) -> dict:
-    """{"run": RunRecord, "history_keys": set, "history": [dict key -> value_json], "summary_keys": set}."""
+def read_run(path: Path, timeout: float = 30.0) -> dict:
+    """{"run": RunRecord, "history_keys": set, "history": [dict key -> value_json], "summary_keys": set}.
+
+    W&B's service may still be flushing the file when `finish()` returns: wait for its exit record.
+    """
+    deadline = time.monotonic() + timeout
+    while not any(r.WhichOneof("record_type") == "exit" for r in records(path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     out = {"run": None, "history_keys": set(), "history": [], "summary_keys": set()}
     for record in records(path):
         kind = record.WhichOneof("record_type")

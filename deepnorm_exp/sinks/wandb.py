@@ -3,7 +3,8 @@
 Scalars go in as they are. Per-layer vectors would be thousands of keys at depth 1,000, so each
 (metric, stack) becomes five summary scalars (`layers/<metric>/<stack>/min|median|max|first|last`, first
 and last = the bottom and top block) and one depth-by-step heatmap image (`layers/<metric>/<stack>/heatmap`,
-one panel per sublayer kind), re-drawn at every per-layer step. The full vectors are in `layers/`.
+one panel per sublayer kind), re-drawn at every per-layer step after step 0. The full vectors are in
+`layers/`.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class WandbSink(Sink):
                                f"{key}/max": float(finite.max()), f"{key}/first": float(values[0]),
                                f"{key}/last": float(values[-1])})
                 self.history[metric, stack].append((step, values))
-                record[f"{key}/heatmap"] = self._heatmap(metric, stack, table, stacks == stack)
+                if step > 0:  # step 0 joins the next one's image: no plotting before the first step
+                    record[f"{key}/heatmap"] = self._heatmap(metric, stack, table, stacks == stack)
         self.run.log(record)
 
     def _heatmap(self, metric: str, stack: str, table: dict, rows: np.ndarray):
