@@ -1,0 +1,96 @@
+"""Sweeps through Hydra's launchers (joblib, submitit's local executor), idempotent re-runs, two sweeps
+at once, and the stability-frontier sweeper, end to end through the real CLI on tiny models."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def summaries(root: Path) -> dict:
+    return {p.parent.name: json.loads(p.read_text()) for p in root.glob("*/summary.json")}
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_launcher_sweep_records_every_job_and_a_failing_job_does_not_stop_the_rest(tiny, runs_root, launcher):
+    # batch 64 > the 32 training sequences: passes the pre-flight, fails when the job loads its data
+    result = run_cli("-m", f"hydra/launcher={launcher}", "norm=post,deepnorm", "train.batch_size=4,64",
+                     *tiny, "data.train_sequences=32", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = summaries(runs_root / "default")
+    assert len(runs) == 4
+    statuses = {name: s["status"] for name, s in runs.items()}
+    assert sorted(statuses.values()) == ["completed", "completed", "failed", "failed"], statuses
+    assert all(s["status"] == "failed" for n, s in runs.items() if "batch_size=64" in n)
+    assert "train.batch_size" in next(s["error"] for s in runs.values() if s["status"] == "failed")
+    table = result.stdout[result.stdout.index("status"):]  # the one-screen table ends the sweep
+    assert table.count("completed") == 2 and table.count("failed") == 2
+    if launcher == "joblib":  # each of the 2 workers gets the machine's cores / 2 torch threads
+        import os
+
+        expected = max(1, (os.cpu_count() or 1) // 2)
+        assert {json.loads((runs_root / "default" / n / "config.yaml").read_text().split("threads: ")[1]
+                           .split("\n")[0]) for n in runs} == {expected}
+
+
+def test_rerunning_a_finished_sweep_launches_nothing(tiny, runs_root):
+    first = run_cli("-m", "norm=post,pre", *tiny)
+    assert first.returncode == 0, first.stderr
+    before = {n: s["wall_s"] for n, s in summaries(runs_root / "default").items()}
+    started = time.perf_counter()
+    again = run_cli("-m", "norm=post,pre", *tiny)
+    elapsed = time.perf_counter() - started
+    assert again.returncode == 0 and "already finished" in again.stdout
+    assert {n: s["wall_s"] for n, s in summaries(runs_root / "default").items()} == before
+    assert elapsed < 15, elapsed  # composing and checking the jobs only
+    # Adding a grid point runs only the new job.
+    grown = run_cli("-m", "norm=post,pre,deepnorm", *tiny)
+    after = summaries(runs_root / "default")
+    assert grown.returncode == 0 and len(after) == 3
+    assert {n: after[n]["wall_s"] for n in before} == before
+
+
+def test_two_sweeps_at_once_never_share_a_run_or_corrupt_a_record(tiny, runs_root):
+    args = [sys.executable, "-m", "deepnorm_exp", "-m", "norm=post,pre,deepnorm", *tiny, "train.steps=30"]
+    procs = [subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for proc in procs:
+        proc.communicate(timeout=600)
+        assert proc.returncode == 0
+    runs = summaries(runs_root / "default")
+    assert len(runs) == 3 and all(s["status"] == "completed" for s in runs.values())
+    for name in runs:
+        records = [json.loads(line) for line in (runs_root / "default" / name / "metrics.jsonl").read_text()
+                   .splitlines()]
+        steps = [r["step"] for r in records if "loss" in r]
+        assert steps == list(range(2, 31, 2)), (name, steps)  # written once, by one process
+
+
+def test_frontier_sweeper_probes_learning_rates_as_ordinary_runs(tiny, runs_root):
+    result = run_cli("-m", "hydra/sweeper=frontier", "norm=post,deepnorm", "depth=2", *tiny,
+                     "train.steps=20", "train.warmup_steps=0", "train.schedule=constant",
+                     "train.divergence.spike_patience=3", "train.divergence.spike_factor=1.5",
+                     "hydra.sweeper.lr_min=1e-3", "hydra.sweeper.lr_max=30", "hydra.sweeper.resolution=4",
+                     timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((runs_root / "default" / "frontier.json").read_text())
+    assert [cell["norm"] for cell in report["cells"]] == ["post", "deepnorm"]
+    runs = summaries(runs_root / "default")
+    assert report["runs_spent"] == sum(cell["runs"] for cell in report["cells"]) == len(runs)
+    assert report["grid_runs"] == 2 * 9 and report["runs_spent"] < report["grid_runs"]
+    for cell in report["cells"]:
+        lrs = [p["lr"] for p in cell["probes"]]
+        assert lrs[0] == 30  # the optimistic end first
+        if cell["max_stable_lr"] and cell["min_unstable_lr"]:
+            assert cell["max_stable_lr"] < cell["min_unstable_lr"] <= 4 * cell["max_stable_lr"]
+        for probe in cell["probes"]:  # each probe is a run with its own record
+            (summary,) = [s for n, s in runs.items() if n.startswith(cell["norm"]) and f"train.lr={probe['lr']:g}" in n]
+            assert (summary["status"] == "completed") == probe["stable"]
+    assert "stability frontier" in result.stdout
