@@ -19,6 +19,14 @@ def _merge(y: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2).reshape(batch, seq, heads * head_dim)
 
 
+def _attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(head_dim)) over the keys `mask` allows (True): what SDPA computes inside."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    return scores.softmax(-1)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention through `scaled_dot_product_attention`, causal or with a key mask.
 
@@ -51,12 +59,11 @@ class SelfAttention(nn.Module):
         SDPA never materialises them."""
         batch, seq, d = x.shape
         q, k, _ = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.n_heads)
+        mask = key_mask
         if self.causal:
-            scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1), -math.inf)
-        if key_mask is not None:
-            scores = scores.masked_fill(~key_mask, -math.inf)
-        return scores.softmax(-1)
+            causal = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
+            mask = causal if mask is None else mask & causal
+        return _attention_weights(q, k, mask)
 
 
 class CrossAttention(nn.Module):
@@ -87,10 +94,7 @@ class CrossAttention(nn.Module):
                         memory_mask: torch.Tensor | None) -> torch.Tensor:
         """Softmax weights over the encoder positions, (batch, heads, tgt_len, src_len)."""
         q, k = _heads(self.q(x), self.n_heads), _heads(self.kv(memory)[..., :self.d_model], self.n_heads)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model // self.n_heads)
-        if memory_mask is not None:
-            scores = scores.masked_fill(~memory_mask, -math.inf)
-        return scores.softmax(-1)
+        return _attention_weights(q, k, memory_mask)
 
 
 class FeedForward(nn.Module):
