@@ -149,7 +149,8 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, stat
         divergence = DivergenceDetector(cfg.train.divergence.spike_factor, cfg.train.divergence.spike_patience)
         instruments, blocks = build_instruments(cfg.metrics, cfg.train.log_every, model, data.eval, device)
         checkpointer = checkpoint.Checkpointer(out_dir / checkpoint.CHECKPOINT, cfg.train.ckpt_every,
-                                               guard.stop_reason)
+                                               guard.stop_reason,
+                                               extra={"config": OmegaConf.to_container(cfg, resolve=True)})
         optimizer = build_optimizer(model, cfg.train)
         trainer = Trainer(
             model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),

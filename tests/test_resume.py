@@ -140,5 +140,5 @@ def test_killed_run_rerun_matches_an_uninterrupted_run_step_by_step(tmp_path, ho
     assert rerun.returncode == 0, rerun.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from_step"] == saved
-    (straight_dir,) = (tmp_path / "a").glob("*/*/")
-    assert losses(run_dir) == losses(straight_dir) and len(losses(run_dir)) == 400
+    (straight,) = (tmp_path / "a").glob("default/*/metrics.jsonl")
+    assert losses(run_dir) == losses(straight.parent) and len(losses(run_dir)) == 400

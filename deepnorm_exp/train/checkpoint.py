@@ -75,15 +75,16 @@ class Checkpointer(Callback):
     """Saves every `every` steps (0: never), and at once when `stop_requested()` says the run must stop
     (a preemption signal); install it last so every other callback's state is final for the step."""
 
-    def __init__(self, path: Path, every: int, stop_requested=lambda: None):
+    def __init__(self, path: Path, every: int, stop_requested=lambda: None, extra: dict | None = None):
         self.path, self.every, self.stop_requested = path, every, stop_requested
+        self.extra = extra or {}  # saved alongside (the run's config, to refuse resuming a different run)
         self.saved_step: int | None = None
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
         reason = self.stop_requested()
         due = self.every > 0 and out.step % self.every == 0 and out.step < trainer.steps
         if due or reason:
-            save(self.path, trainer_state(trainer))
+            save(self.path, {**trainer_state(trainer), **self.extra})
             self.saved_step = out.step
         if reason:
             trainer.request_stop(reason)

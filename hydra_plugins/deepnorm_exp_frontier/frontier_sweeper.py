@@ -10,8 +10,8 @@ directory lists, per cell, the max stable lr, the runs spent, and what a grid of
 have cost. The search itself is deepnorm_exp/frontier.py.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Hydra's plugin scan imports this module without registering it
+# in sys.modules, and dataclasses then cannot resolve string annotations.
 import json
 import logging
 from dataclasses import dataclass, field
