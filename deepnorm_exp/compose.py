@@ -6,6 +6,7 @@ sweeper does) and checks each one, so bad input fails in a second, before any ru
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -16,7 +17,13 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .build import check_config
+# conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml share their names with the plugins'
+# schemas on purpose (`hydra/launcher=joblib` is what users type), so Hydra validates our YAML against the
+# plugin's schema (what we want) and warns, at every composition, that this matching is deprecated.
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name",
+                        category=UserWarning)
+
+from .build import check_config  # noqa: E402
 from .config import CONF_DIR
 from .errors import ConfigError, first_line
 

@@ -1,8 +1,8 @@
-"""Preemption: SIGUSR1 or SIGTERM during training checkpoints at the next step boundary, then hands the
-signal on.
+"""Preemption: SIGUSR1, SIGUSR2 or SIGTERM during training checkpoints at the next step boundary, then
+hands the signal on.
 
-SLURM (through submitit's `signal_delay_s`) sends SIGUSR1 shortly before a job's time limit, and SIGTERM on
-preemption. A signal handler must not save in the middle of an optimizer step, so ours only records the
+SLURM sends a signal `signal_delay_s` before a job's time limit (submitit asks for SIGUSR2 since 1.5, or
+what $SUBMITIT_PREEMPT_SIGNAL names; older setups use SIGUSR1), and SIGTERM on preemption. A signal handler must not save in the middle of an optimizer step, so ours only records the
 signal; the `Checkpointer` saves after the step in flight and stops the run, the run writes its records as
 `interrupted`, and then `forward()` calls the handler that was installed before ours: under submitit its
 checkpoint-and-requeue handler (the requeued job re-runs the command and resumes from the checkpoint);
@@ -17,7 +17,12 @@ import signal
 
 log = logging.getLogger("deepnorm_exp")
 
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+
+def submitit_signal() -> int:
+    """The signal submitit's requeue handler listens to (submitit's own rule)."""
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), signal.SIGUSR2)
 
 
 class PreemptionGuard:
@@ -50,10 +55,11 @@ class PreemptionGuard:
         """After the records are written: let the previous owner of the signal act on it."""
         if self.signum is None:
             return
-        # Under submitit SIGUSR1's previous handler requeues; SIGTERM's only logs, so both go to SIGUSR1's.
-        requeue = self.previous.get(signal.SIGUSR1)
+        # Under submitit, its signal's previous handler checkpoints-and-requeues (SIGTERM's only logs):
+        # every preemption signal goes there.
+        requeue = self.previous.get(submitit_signal())
         if callable(requeue):
-            requeue(signal.SIGUSR1, None)
+            requeue(submitit_signal(), None)
             return
         handler = self.previous.get(self.signum, signal.SIG_DFL)
         if callable(handler):

@@ -142,3 +142,21 @@ def test_killed_run_rerun_matches_an_uninterrupted_run_step_by_step(tmp_path, ho
     assert summary["status"] == "completed" and summary["resumed_from_step"] == saved
     (straight,) = (tmp_path / "a").glob("default/*/metrics.jsonl")
     assert losses(run_dir) == losses(straight.parent) and len(losses(run_dir)) == 400
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path):
+    from deepnorm_exp.train.trainer import Callback
+
+    class Crash(Callback):
+        def on_step_end(self, trainer, out):
+            if out.step == 4:
+                raise KeyboardInterrupt
+
+    overrides = ["logger=wandb", "train.ckpt_every=2"]
+    cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", *overrides])
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, progress=False, callbacks=[Crash()])
+    summary = run_experiment(cfg, progress=False, callbacks=[Callback()])
+    assert summary["status"] == "completed" and summary["resumed_from_step"] == 2  # step 4 crashed first
+    segments = sorted((Path(summary["run_dir"]) / "wandb").glob("offline-run-*"))
+    assert len(segments) == 2 and len({s.name.rsplit("-", 1)[1] for s in segments}) == 1  # one run id

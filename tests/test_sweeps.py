@@ -102,3 +102,36 @@ def test_frontier_sweeper_probes_learning_rates_as_ordinary_runs(tiny, runs_root
                           if s["norm"] == cell["norm"] and lr_of(runs_root / "default" / n) == probe["lr"]]
             assert (summary["status"] == "completed") == probe["stable"]
     assert "stability frontier" in result.stdout
+
+
+def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_unchanged(tiny, runs_root):
+    """The signal SLURM sends before a time limit (submitit's SIGUSR2), sent to the running job: it
+    checkpoints, submitit requeues it, the new job resumes, and the losses equal an uninterrupted run's."""
+    import os
+    import signal
+
+    args = [*tiny, "train.steps=1500", "train.log_every=1", "train.ckpt_every=500", "threads=1",
+            "metrics.layer_every=0", "model.dropout=0.1"]
+    straight = run_cli(*args, f"paths.runs={runs_root / 'straight'}")
+    assert straight.returncode == 0, straight.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", "-m", "hydra/launcher=submitit_local", *args],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, task = time.time() + 120, None
+    while time.time() < deadline and task is None:
+        metrics = list((runs_root / "default").glob("*/metrics.jsonl"))
+        if metrics and len(metrics[0].read_text().splitlines()) > 200:
+            (controller,) = [p.name for p in (runs_root / "default" / ".submitit").iterdir() if p.name.isdigit()]
+            task = int(Path(f"/proc/{controller}/task/{controller}/children").read_text().split()[0])
+        time.sleep(0.05)
+    assert task is not None, "the job never got going"
+    os.kill(task, signal.SIGUSR2)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    (run_dir,) = [m.parent for m in (runs_root / "default").glob("*/metrics.jsonl")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from_step"] > 200
+    log = "".join(p.read_text() for p in (runs_root / "default" / ".submitit").glob("*/*_log.out"))
+    assert "Requeued job" in log
+    lines = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
+    (straight_dir,) = [m.parent for m in (runs_root / "straight" / "default").glob("*/metrics.jsonl")]
+    assert lines(run_dir) == lines(straight_dir) and len(lines(run_dir)) == 1500

@@ -31,11 +31,8 @@ class WandbSink(Sink):
         # A resumed run continues its W&B run: the id lives beside it (a fresh start deletes wandb/).
         id_file = run_dir / "wandb" / "run_id"
         resuming = id_file.exists()
-        run_id = id_file.read_text().strip() if resuming else wandb.util.generate_id()
-        id_file.parent.mkdir(parents=True, exist_ok=True)
-        id_file.write_text(run_id + "\n")
         self.run = wandb.init(
-            id=run_id,
+            id=id_file.read_text().strip() if resuming else None,  # None: W&B draws a new id
             resume="allow" if resuming else None,
             project=cfg.logger.project,
             entity=cfg.logger.entity,
@@ -49,6 +46,7 @@ class WandbSink(Sink):
             reinit="finish_previous",  # a multirun in one process never reuses a run
             settings=wandb.Settings(console="off", silent=True),
         )
+        id_file.write_text(self.run.id + "\n")
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")  # every chart shares the optimizer-step axis
         self.history: dict[tuple[str, str], list[tuple[int, np.ndarray]]] = defaultdict(list)
