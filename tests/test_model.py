@@ -61,3 +61,15 @@ def test_depth_1000_builds_with_the_paper_constants():
     with torch.no_grad():
         out = model(torch.randint(0, 256, (1, 8)))
     assert torch.isfinite(out).all()
+
+
+def test_the_paper_1000_layer_preset_builds_its_3_7b_parameter_model():
+    """experiment=paper_1000l: 500L-500L, d 512, 8 heads, FFN 2048 (the paper: 3.8B with its 64k
+    vocabulary; ours has the synthetic 256). Built on the meta device: shapes and init, no memory."""
+    from deepnorm_exp.models import count_params
+
+    cfg = deepnorm_exp.compose(["experiment=paper_1000l"])
+    with torch.device("meta"):
+        model = deepnorm_exp.build_model(cfg)
+    assert len(model.encoder) == len(model.decoder) == 500
+    assert count_params(model) == 3_678_339_072
