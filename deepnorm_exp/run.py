@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import shutil
@@ -91,14 +92,10 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
 
 
 def check_resumable(saved: dict, cfg: DictConfig) -> None:
-    """A checkpoint only continues the run it came from: same sections that decide what is trained."""
-    current = OmegaConf.to_container(cfg, resolve=True)
+    """A checkpoint only continues the run it came from: the same sections that decide what is trained."""
+    before, now = _trained_config(saved), _trained_config(OmegaConf.to_container(cfg, resolve=True))
     for key in RESUME_KEYS:
-        before, now = _select(saved, key), _select(current, key)
-        for interval in RESUME_FREE:
-            before.pop(interval, None) if isinstance(before, dict) else None
-            now.pop(interval, None) if isinstance(now, dict) else None
-        if before != now:
+        if before[key] != now[key]:
             raise ConfigError("resume", "true", f"the run directory's checkpoint was trained with a different "
                                                 f"`{key}`; use resume=false to start over")
 
@@ -107,9 +104,11 @@ RESUME_KEYS = ("norm", "model", "data", "train", "metrics", "depth", "seed")
 RESUME_FREE = ("log_every", "eval_every", "ckpt_every", "keep_checkpoint")  # train keys a resume may change
 
 
-def _select(container: dict, key: str):
-    value = container.get(key)
-    return dict(value) if isinstance(value, dict) else value
+def _trained_config(container: dict) -> dict:
+    out = {key: copy.deepcopy(container.get(key)) for key in RESUME_KEYS}
+    for key in RESUME_FREE:
+        out["train"].pop(key, None)
+    return out
 
 
 def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, state: dict | None,

@@ -103,6 +103,13 @@ def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path):
     changed = config(tmp_path, "train.ckpt_every=2", "data.seed=9")  # not in the run name: same directory
     with pytest.raises(ConfigError, match="resume=false"):
         run_experiment(changed, progress=False, callbacks=[Callback()])
+    # How often to log, evaluate or checkpoint does not change what is trained: that resume goes ahead.
+    relogged = config(tmp_path, "train.ckpt_every=3", "train.log_every=1", "train.eval_every=2")
+    summary = run_experiment(relogged, progress=False, callbacks=[Callback()])
+    assert summary["status"] == "completed" and summary["resumed_from_step"] == 2
+    steps = [json.loads(line)["step"] for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text()
+             .splitlines() if "loss" in json.loads(line)]
+    assert steps == [2, 3, 4, 5, 6]  # every 2 before the checkpoint, every step after
 
 
 @pytest.mark.slow

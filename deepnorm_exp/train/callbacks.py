@@ -39,7 +39,7 @@ class ScalarMetrics(Callback):
             self._reset()
 
     def state_dict(self) -> dict:
-        return dict(vars(self))
+        return {key: value for key, value in vars(self).items() if key != "every"}  # a resume may change it
 
     def load_state_dict(self, state: dict) -> None:
         vars(self).update(state)
