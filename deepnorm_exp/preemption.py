@@ -2,8 +2,9 @@
 hands the signal on.
 
 SLURM sends a signal `signal_delay_s` before a job's time limit (submitit asks for SIGUSR2 since 1.5, or
-what $SUBMITIT_PREEMPT_SIGNAL names; older setups use SIGUSR1), and SIGTERM on preemption. A signal handler must not save in the middle of an optimizer step, so ours only records the
-signal; the `Checkpointer` saves after the step in flight and stops the run, the run writes its records as
+what $SUBMITIT_PREEMPT_SIGNAL names; older setups use SIGUSR1), and SIGTERM on preemption. A signal
+handler must not save in the middle of an optimizer step, so ours only records the signal; the
+`Checkpointer` saves after the step in flight and stops the run, the run writes its records as
 `interrupted`, and then `forward()` calls the handler that was installed before ours: under submitit its
 checkpoint-and-requeue handler (the requeued job re-runs the command and resumes from the checkpoint);
 in a plain process the default action, so the process still ends the way its sender expects.
