@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from .files import atomic_path
+
 
 def learned_fraction(eval_loss: Optional[float], unigram: float, optimal: Optional[float]) -> Optional[float]:
     """Share of the learnable gap (unigram loss -> optimal loss) the model closed: 0 = learned only token
@@ -27,9 +29,8 @@ def finite_or_none(value: Any) -> Any:
 
 
 def write_summary(path: Path, summary: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({k: finite_or_none(v) for k, v in summary.items()}, indent=2) + "\n")
-    tmp.replace(path)
+    with atomic_path(Path(path)) as temporary:
+        temporary.write_text(json.dumps({k: finite_or_none(v) for k, v in summary.items()}, indent=2) + "\n")
 
 
 def read_summary(path: Path) -> dict | None:

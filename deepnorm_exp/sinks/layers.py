@@ -8,11 +8,11 @@ at 1,000 layers a file is ~2,000 rows, tens of kB.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from ..files import atomic_path
 from . import Sink
 
 
@@ -28,10 +28,8 @@ class LayerFileSink(Sink):
         self.directory.mkdir(exist_ok=True)
         rows = len(next(iter(table.values())))
         columns = {"step": np.full(rows, step, dtype=np.int64), **table}
-        final = self.directory / f"step_{step:07d}.parquet"
-        temporary = self.directory / f".{final.name}.tmp"
-        pq.write_table(pa.table(columns), temporary)
-        os.replace(temporary, final)
+        with atomic_path(self.directory / f"step_{step:07d}.parquet") as temporary:
+            pq.write_table(pa.table(columns), temporary)
         self.last_step = step
 
     def state_dict(self) -> dict:

@@ -9,13 +9,13 @@ update's reference output, the sinks' positions in their files).
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..files import atomic_path
 from .trainer import Callback, StepOutput, Trainer
 
 CHECKPOINT = "checkpoint.pt"
@@ -47,9 +47,8 @@ def trainer_state(trainer: Trainer) -> dict:
 
 
 def save(path: Path, state: dict) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
+    with atomic_path(path) as temporary:
+        torch.save(state, temporary)
 
 
 def load(path: Path, device: torch.device) -> dict:
