@@ -6,6 +6,7 @@ Reports ratios from one run (absolute times on a shared 2-core machine are noisy
     process's peak RSS minus its RSS after imports (libraries differ: the harness also loads datasets and
     Hydra), and as the whole process's peak RSS;
   * time from command to first step at depth 6 (data cache warm), with W&B offline and without;
+  * the text pipeline (bench_data.py): cold and warm cache times on a 100 MB file, loader vs a depth-1,000 step;
   * the cost of instrumentation (deepnorm_exp/metrics/): step time with metrics off, with every metric on
     every step, and with the scalars only on every step, at depths 100 and 1,000; from these the overhead
     at the default intervals (log_every 10, layer_every 50) is derived, and at depth 100 also measured
@@ -228,9 +229,10 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--encdec", action="store_true", help="child: the encoder-decoder model")
     parser.add_argument("--overrides", default="[]", help="child: JSON list of extra config overrides")
-    parser.add_argument("--sections", default="decoder,encdec,startup,instrumentation",
+    parser.add_argument("--sections", default="decoder,encdec,startup,instrumentation,data",
                         help="comma-separated: decoder (bare vs harness), encdec (100L-100L vs 200L), startup, "
-                             "instrumentation (metrics on vs off)")
+                             "instrumentation (metrics on vs off), data (text pipeline, bench_data.py)")
+    parser.add_argument("--data-megabytes", type=int, default=100, help="size of the data section's text file")
     parser.add_argument("--root", default="")
     parser.add_argument("--quick", action="store_true", help="depths 10 and 100 instead of 100 and 1,000")
     args = parser.parse_args()
@@ -243,8 +245,8 @@ def main() -> None:
         root = Path(tmp)
         print(f"deepnorm_exp benchmark: d_model 64, 4 heads, seq 64, batch 8, {args.steps} steps, "
               f"{args.rounds} alternating rounds, {os.cpu_count()} CPU cores, torch threads {args.threads}")
+        rows = {}
         if "decoder" in sections:
-            rows = {}
             for depth in (shallow, deep):
                 # Bare and harness alternate, `rounds` times each; each keeps its least disturbed round.
                 runs = {"bare": [], "harness": [], "harness_ckpt": []}
@@ -275,6 +277,11 @@ def main() -> None:
         if "instrumentation" in sections:
             instrumentation_section((shallow, deep), args.steps, args.rounds, root,
                                     direct_steps=102, direct_depth=shallow)
+        if "data" in sections:
+            from .bench_data import data_section
+
+            step = rows[deep]["harness"] if deep in rows else measure("harness", deep, args.steps, root)
+            data_section(root, args.data_megabytes, step["median_step_s"] if deep == 1000 else None)
 
 
 def print_decoder_table(rows: dict) -> None:

@@ -13,16 +13,18 @@ import os
 from pathlib import Path
 
 
-class RunLock:
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / ".lock"
+class FileLock:
+    """An exclusive flock on `path`; `acquire(wait=True)` blocks until the holder releases it or dies."""
+
+    def __init__(self, path: Path):
+        self.path = path
         self.fd: int | None = None
 
-    def acquire(self) -> bool:
+    def acquire(self, wait: bool = False) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             os.close(fd)
             return False
@@ -36,3 +38,15 @@ class RunLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+    def __enter__(self) -> "FileLock":
+        self.acquire(wait=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class RunLock(FileLock):
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir / ".lock")

@@ -13,11 +13,25 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 
 # A model and data small enough that a run takes a second or two on 2 CPU cores.
-TINY = [
+TINY_MODEL = [
     "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.max_seq_len=32",
     "train.seq_len=16", "train.batch_size=4", "train.steps=6", "train.log_every=2", "train.eval_every=3",
-    "data.train_sequences=64", "data.eval_sequences=8", "data.vocab_size=32", "data.classes=4",
 ]
+TINY = [*TINY_MODEL, "data.train_sequences=64", "data.eval_sequences=8", "data.vocab_size=32", "data.classes=4"]
+
+WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
+         "have an they you were her she there had all one we their über straße naïve 東京").split()
+
+
+def write_text(path: Path, lines: int, seed: int = 0) -> Path:
+    """A text file of `lines` random sentences (one document per line), non-ASCII words included."""
+    import random
+
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30))) + "\n"
+                            for _ in range(lines)), encoding="utf-8")
+    return path
 
 
 @pytest.fixture

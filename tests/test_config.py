@@ -18,7 +18,9 @@ def group_options():
             yield f"{group_dir.name}={option.stem}"
 
 
-COMPANIONS = {"data=translation_hub": ["model=encdec"]}  # options that only make sense with another
+# options that only make sense with another, or that need a value no default can give
+COMPANIONS = {"data=translation_hub": ["model=encdec"], "data=wmt17_en_de": ["model=encdec"],
+              "data=text": [f"data.files={Path(__file__)}"], "data=hub": ["data.path=some-org/some-dataset"]}
 
 
 @pytest.mark.parametrize("override", list(group_options()))
@@ -73,7 +75,7 @@ BAD = [
     (["device=tpu"], "device", "auto, cpu, cuda"),
     (["data.classes=1"], "data.classes", "[2, vocab_size - 3=253]"),
     (["data.vocab_size=32"], "data.classes", "[2, vocab_size - 3=29]"),
-    (["data=translation_hub"], "data", "needs lm data; choose one of: synthetic"),
+    (["data=translation_hub"], "data", "needs lm data; choose one of: hub, synthetic, text"),
     (["model=encdec", "data.translation_max_len=2"], "data.translation_max_len", ">= translation_min_len=4"),
     (["model=encdec", "model.encoder_depth=0"], "model.encoder_depth", "positive"),
     (["model=encdec", "data.translation_max_len=300"], "model.max_seq_len", "sequences of 301 tokens"),

@@ -17,7 +17,7 @@ from deepnorm_exp.run import run_experiment
 from deepnorm_exp.runlock import RunLock
 from deepnorm_exp.train.batches import RandomBatches
 
-from conftest import REPO, TINY, run_cli
+from conftest import REPO, TINY, TINY_MODEL, run_cli, write_text
 
 
 def test_random_batches_resume_mid_epoch_with_the_same_batches():
@@ -113,11 +113,14 @@ def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_killed_run_rerun_matches_an_uninterrupted_run_step_by_step(tmp_path, how):
+@pytest.mark.parametrize("how, data", [("SIGKILL", "synthetic"), ("SIGTERM", "synthetic"), ("SIGKILL", "text")])
+def test_killed_run_rerun_matches_an_uninterrupted_run_step_by_step(tmp_path, how, data):
     """kill -9 between checkpoints (or SIGTERM: checkpoint at the step boundary, then exit), re-run the
-    same command: the per-step losses equal an uninterrupted run's, bit for bit (same thread count)."""
-    args = [*TINY, "train.steps=400", "train.log_every=1", "train.ckpt_every=50", "train.eval_every=1000",
+    same command: the per-step losses equal an uninterrupted run's, bit for bit (same thread count); on
+    the synthetic data and on a text file (memory-mapped cached blocks)."""
+    data_args = TINY if data == "synthetic" else [
+        *TINY_MODEL, "data=text", f"data.files={write_text(tmp_path / 'corpus.txt', lines=400)}"]
+    args = [*data_args, "train.steps=400", "train.log_every=1", "train.ckpt_every=50", "train.eval_every=1000",
             "model.dropout=0.1", "threads=1", "logger=none", "metrics.layer_every=100"]
     straight = run_cli(*args, f"paths.runs={tmp_path / 'a'}")
     assert straight.returncode == 0, straight.stderr

@@ -19,7 +19,8 @@ from ..registry import Registry
 
 @dataclass
 class TaskData:
-    """What a data source hands the trainer. `train`/`eval` map names to tensors with one row per example:
+    """What a data source hands the trainer. `train`/`eval` map names to tensors with one row per example
+    (`train` may hold any rows indexable by an index tensor, e.g. memory-mapped `TokenBlocks`):
     task "lm": {"tokens": (n, seq_len + 1)}; task "translation": {"src": (n, S), "tgt": (n, T)} padded with 0,
     and in `eval` also "reference": the noiseless target (for exact-match accuracy)."""
 
@@ -32,7 +33,7 @@ class TaskData:
 
     @property
     def train_size(self) -> int:
-        return next(iter(self.train.values())).shape[0]
+        return len(next(iter(self.train.values())))
 
 
 class DataSource(Protocol):
@@ -75,9 +76,15 @@ def check_data_config(data_cfg: Any, task: str = "lm") -> int:
 
 def unigram_loss(train_targets: torch.Tensor, eval_targets: torch.Tensor, vocab_size: int, pad: int | None = None) -> float:
     """Cross-entropy on eval targets of add-one-smoothed training-target frequencies (`pad` tokens ignored)."""
-    train_targets, eval_targets = train_targets.reshape(-1), eval_targets.reshape(-1)
+    train_targets = train_targets.reshape(-1)
     if pad is not None:
-        train_targets, eval_targets = train_targets[train_targets != pad], eval_targets[eval_targets != pad]
-    counts = torch.bincount(train_targets, minlength=vocab_size).double() + 1.0
-    log_p = (counts / counts.sum()).log()
+        train_targets = train_targets[train_targets != pad]
+    return unigram_loss_from_counts(torch.bincount(train_targets, minlength=vocab_size), eval_targets, pad)
+
+
+def unigram_loss_from_counts(counts: torch.Tensor, eval_targets: torch.Tensor, pad: int | None = None) -> float:
+    eval_targets = eval_targets.reshape(-1)
+    if pad is not None:
+        eval_targets = eval_targets[eval_targets != pad]
+    log_p = ((counts.double() + 1.0) / (counts.double() + 1.0).sum()).log()
     return float(-log_p[eval_targets].mean())

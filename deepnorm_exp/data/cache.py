@@ -1,7 +1,8 @@
 """A directory cache for generated datasets, keyed by everything that determines their content.
 
-Built through `datasets` (`DatasetDict.save_to_disk`) into a temporary directory and renamed into place,
-so concurrent sweep jobs never see a half-written cache: the first rename wins, the others discard theirs.
+Each entry is built into a temporary directory and renamed into place, so no reader ever sees a
+half-written entry and a failed build leaves nothing behind. Concurrent sweep jobs that need the same
+entry take turns on a lock beside it: the first builds, the others wait and load what it built.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any, Callable
 from datasets import DatasetDict, load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
+from ..runlock import FileLock
+
 disable_progress_bar()  # the harness has its own progress bar; datasets' would print one per split
 
 
@@ -25,17 +28,22 @@ def cache_key(prefix: str, payload: dict[str, Any]) -> str:
     return f"{prefix}-{digest}"
 
 
-def cached_dataset(path: Path, build: Callable[[], DatasetDict]) -> DatasetDict:
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+def cached_dir(path: Path, build: Callable[[Path], None]) -> Path:
+    """`path`, built first by `build(directory)` (which must create `directory`) if it does not exist."""
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(path.with_name(f".{path.name}.lock")):
+        if path.exists():  # another job built it while this one waited
+            return path
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         try:
-            build().save_to_disk(str(tmp / "data"))
-            try:
-                os.rename(tmp / "data", path)
-            except OSError:
-                if not path.exists():  # a failure other than "another job got there first"
-                    raise
+            build(tmp / "data")
+            os.rename(tmp / "data", path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return load_from_disk(str(path))
+    return path
+
+
+def cached_dataset(path: Path, build: Callable[[], DatasetDict]) -> DatasetDict:
+    return load_from_disk(str(cached_dir(path, lambda directory: build().save_to_disk(str(directory)))))

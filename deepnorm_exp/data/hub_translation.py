@@ -12,7 +12,6 @@ languages). Sides longer than `max_len` bytes are cut.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -22,6 +21,7 @@ import torch
 
 from ..errors import ConfigError
 from . import TaskData, register, unigram_loss
+from .hub import load_hub
 from .translation import BOS, EOS, PAD, SPECIALS
 
 BYTE_VOCAB = 256 + SPECIALS
@@ -77,16 +77,7 @@ class HubTranslation:
         return cfg.max_len + 1  # source: bytes + EOS; target input: BOS + bytes
 
     def _split(self, split: str, limit: Optional[int]):
-        from datasets import load_dataset
-
-        try:
-            data = load_dataset(self.cfg.path, self.cfg.config, split=split)
-        except (ConnectionError, OSError, ValueError, FileNotFoundError) as e:
-            cache = os.environ.get("HF_DATASETS_CACHE", str(Path.home() / ".cache" / "huggingface" / "datasets"))
-            raise ConfigError("data.path", self.cfg.path,
-                              f"could not load split {split!r} ({type(e).__name__}); the hub is unreachable "
-                              f"and {cache} does not hold it: download it where the hub is reachable, or set "
-                              f"HF_HUB_OFFLINE=1 with a filled cache, or point data.path at a local copy") from None
+        data = load_hub(self.cfg.path, self.cfg.config, split)
         if limit is not None:
             data = data.select(range(min(limit, len(data))))
         return data

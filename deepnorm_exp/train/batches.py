@@ -15,8 +15,9 @@ class RandomBatches:
     """
 
     def __init__(self, tensors: dict[str, torch.Tensor], batch_size: int, seed: int):
+        # tensors, or any rows indexable by an index tensor (memory-mapped data.packing.TokenBlocks)
         self.tensors, self.batch_size = tensors, batch_size
-        self.n = next(iter(tensors.values())).shape[0]
+        self.n = len(next(iter(tensors.values())))
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch_start_state: torch.Tensor | None = None
         self.order: torch.Tensor | None = None
