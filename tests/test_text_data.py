@@ -257,3 +257,16 @@ def test_cli_trains_on_a_text_file_with_a_bpe(tmp_path, corpus):
               if "loss" in r]
     assert result["status"] == "completed" and np.isfinite(result["eval_loss"]) and losses[-1] < losses[0] - 0.3
     assert summary.parent.name.startswith("deepnorm-L6-data.files=")
+
+
+@pytest.mark.slow
+def test_the_data_benchmark_runs_on_a_small_file():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "deepnorm_exp.bench_data", "--megabytes", "1", "--depth-step-s", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "byte" in proc.stdout and "bpe 8192" in proc.stdout and "x that" in proc.stdout
