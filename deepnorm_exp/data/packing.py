@@ -42,11 +42,11 @@ class TokenBlocks:
     """
 
     def __init__(self, dataset):
-        self.dataset = dataset.with_format("numpy", columns=["tokens"])
+        self.dataset = dataset.with_format("torch", columns=["tokens"])
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index) -> torch.Tensor:
         rows = self.dataset[index.tolist() if isinstance(index, torch.Tensor) else index]["tokens"]
-        return torch.from_numpy(np.asarray(rows, dtype=np.int64))
+        return rows.long()  # stored as int32
