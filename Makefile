@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast bench clean-runs
+.PHONY: install run test test-fast bench report notebooks clean-runs
+EXPERIMENT ?= quickstart
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,9 +19,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Quick start: post, pre and deepnorm at two depths, then the comparison table (a few minutes on 2 cores).
+# Quick start: post, pre and deepnorm at two depths, the comparison table, then runs/quickstart/report.html
+# (a few minutes on 2 cores).
 run: $(STAMP)
 	$(PY) -m deepnorm_exp -m experiment=quickstart
+	$(PY) -m deepnorm_exp.report runs/quickstart
+
+# The comparison dashboard of one experiment: make report EXPERIMENT=paper_depth_sweep
+report: $(STAMP)
+	$(PY) -m deepnorm_exp.report runs/$(EXPERIMENT)
+
+# The analysis notebooks executed against one experiment, written with outputs to runs/<experiment>/notebooks/
+notebooks: $(STAMP)
+	$(PY) -m deepnorm_exp.analysis.notebooks runs/$(EXPERIMENT)
 
 # Every test, the end-to-end CLI runs (marked slow) included.
 test: $(STAMP)

@@ -1,0 +1,97 @@
+"""Run records -> pandas DataFrames. Reads only the local files a run writes (never W&B's servers).
+
+A root is any directory above run directories: `runs/`, `runs/<experiment>/`, or one run's directory.
+A run directory is one holding `summary.json` (a run that crashed before writing one is not listed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+import pandas as pd
+from omegaconf import OmegaConf
+
+RUN_KEYS = ("experiment", "run_name", "norm", "depth", "seed")  # carried onto every per-step or per-layer row
+
+
+def run_dirs(root: str | Path) -> list[Path]:
+    root = Path(root)
+    found = [root] if (root / "summary.json").is_file() else sorted(p.parent for p in root.rglob("summary.json"))
+    return [d for d in found if not any(part.startswith(".") for part in d.relative_to(root).parts)]
+
+
+def _flat(prefix: str, tree: dict) -> dict:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out.update(_flat(f"{name}.", value) if isinstance(value, dict) else {name: value})
+    return out
+
+
+def load_runs(root: str | Path) -> pd.DataFrame:
+    """One row per run: every `summary.json` field (per-stack constants as `alpha.decoder`, ...), then the
+    run's whole config flattened to dotted columns (`train.lr`, `model.d_model`, ...), and `run_dir`."""
+    rows = []
+    for run_dir in run_dirs(root):
+        row = _flat("", json.loads((run_dir / "summary.json").read_text()))
+        config_file = run_dir / "config.yaml"
+        config = OmegaConf.to_container(OmegaConf.load(config_file)) if config_file.is_file() else {}
+        for key, value in _flat("", config or {}).items():
+            row.setdefault(key, value)  # summary fields win: depth, seed are the same in both
+        row["run_dir"] = str(run_dir)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _per_run(runs: pd.DataFrame, read) -> pd.DataFrame:
+    frames = []
+    for _, run in runs.iterrows():
+        frame = read(Path(run["run_dir"]))
+        if len(frame):
+            frames.append(frame.assign(**{key: run[key] for key in RUN_KEYS if key in run}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*RUN_KEYS, "step"])
+
+
+def read_jsonl(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        return pd.DataFrame()
+    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+
+
+def load_scalars(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every run's `metrics.jsonl`, one row per logged step, with the run's keys (RUN_KEYS) as columns."""
+    return _per_run(runs, lambda d: read_jsonl(d / "metrics.jsonl"))
+
+
+def load_events(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every run's `events.jsonl` (divergence events), with the run's keys."""
+    return _per_run(runs, lambda d: read_jsonl(d / "events.jsonl"))
+
+
+def load_layer_records(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every run's per-layer vectors (`layers/*.parquet`): one row per (step, residual block), run keys added."""
+    from ..sinks.layers import load_layers
+
+    return _per_run(runs, load_layers)
+
+
+def load_frontier(root: str | Path) -> pd.DataFrame:
+    """The cells of every `frontier.json` under `root` (hydra/sweeper=frontier), one row per cell."""
+    rows = []
+    for path in sorted(Path(root).rglob("frontier.json")):
+        report = json.loads(path.read_text())
+        for cell in report["cells"]:
+            rows.append({**cell, "sweep_dir": str(path.parent), "runs_spent": report["runs_spent"],
+                         "grid_runs": report["grid_runs"], "lr_min": report["lr_min"], "lr_max": report["lr_max"]})
+    return pd.DataFrame(rows)
+
+
+
+def at_one_lr(runs: pd.DataFrame, lr_key: str = "train.lr") -> tuple[pd.DataFrame, Optional[float]]:
+    """The runs at the most common learning rate (with the rate), where a sweep has several: curves and
+    per-layer profiles averaged over seeds should not mix learning rates."""
+    if runs.empty or lr_key not in runs or runs[lr_key].nunique() <= 1:
+        return runs, None
+    lr = runs[lr_key].mode().iloc[0]
+    return runs[runs[lr_key] == lr], float(lr)

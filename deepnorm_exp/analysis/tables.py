@@ -1,0 +1,27 @@
+"""Tables of a sweep: the norm x depth comparison the quick start prints, as a DataFrame."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .plots import norms_in
+
+
+def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss") -> pd.DataFrame:
+    """norm x depth: "mean ± std" of `metric` over the seeds that did not diverge, and "k/n diverged"."""
+    if runs.empty:
+        return pd.DataFrame()
+    cells: dict[str, dict[int, str]] = {}
+    for (norm, depth), group in runs.groupby(["norm", "depth"]):
+        diverged = int(group["status"].eq("diverged").sum())
+        values = group.loc[~group["status"].eq("diverged"), metric].dropna()
+        text = f"{values.mean():.3f}" if len(values) else "–"
+        if len(values) > 1:
+            text += f" ± {values.std():.3f}"
+        if diverged:
+            text += f" ({diverged}/{len(group)} diverged)"
+        cells.setdefault(norm, {})[int(depth)] = text
+    table = pd.DataFrame(cells).T.reindex(norms_in(runs))
+    table = table[sorted(table.columns)]
+    table.index.name, table.columns.name = "norm", "depth"
+    return table.fillna("")

@@ -1,0 +1,230 @@
+"""Analysis: loaders on a real tiny sweep, every plot on synthetic frames, the notebooks, the report."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+import deepnorm_exp
+from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_records, load_runs, load_scalars,
+                                   plots)
+from deepnorm_exp.report import write_report
+
+from conftest import REPO, TINY, run_cli
+
+NORMS = ["post", "pre", "deepnorm"]
+
+
+# -- synthetic frames ---------------------------------------------------------------------------------
+def fake_runs(lrs=(1e-3,)) -> pd.DataFrame:
+    """3 norms x depths 6, 24, 100 x 3 seeds; Post-LN diverges at depth 100 in seeds 0 and 1."""
+    rows = []
+    for norm in NORMS:
+        for depth in (6, 24, 100):
+            for seed in range(3):
+                for lr in lrs:
+                    diverged = norm == "post" and depth == 100 and seed < 2
+                    loss = 3.0 + 0.1 * seed + (0.01 * depth if norm == "post" else 0.0)
+                    rows.append({"experiment": "x", "run_name": f"{norm}-L{depth}-lr{lr}-s{seed}", "norm": norm,
+                                 "depth": depth, "seed": seed, "train.lr": lr, "model.d_model": 16,
+                                 "status": "diverged" if diverged else "completed", "trained": not diverged,
+                                 "final_loss": np.nan if diverged else loss, "eval_loss": np.nan if diverged else loss,
+                                 "excess_loss": np.nan if diverged else loss - 2.0})
+    return pd.DataFrame(rows)
+
+
+def fake_scalars(runs: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for _, run in runs.iterrows():
+        for step in range(1, 21):
+            rows.append({"experiment": "x", "run_name": run["run_name"], "norm": run["norm"], "depth": run["depth"],
+                         "seed": run["seed"], "step": step, "loss": 5.0 / step ** 0.5,
+                         "model_update": 0.1 * run["depth"] * step})
+    return pd.DataFrame(rows)
+
+
+def fake_layers(runs: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for _, run in runs.iterrows():
+        for step in (0, 10):
+            for position in range(run["depth"]):
+                rows.append({"experiment": "x", "run_name": run["run_name"], "norm": run["norm"], "depth": run["depth"],
+                             "seed": run["seed"], "step": step, "position": position, "stack": "decoder",
+                             "layer": position, "ln_input_norm": 8.0 * (1 + position),
+                             "grad_norm": np.nan if step == 0 else 1.0 + position, "update_ratio": 1e-3})
+    return pd.DataFrame(rows)
+
+
+def diverged_marks(ax) -> list:
+    return [line for line in ax.lines if line.get_gid() == "diverged"]
+
+
+def test_depth_stability_has_a_panel_per_loss_a_line_per_norm_and_marks_divergence():
+    runs = fake_runs()
+    fig = plots.depth_stability(runs)
+    axes = fig.axes
+    assert isinstance(fig, Figure) and [ax.get_title() for ax in axes] == ["final_loss", "eval_loss", "excess_loss"]
+    for ax in axes:
+        assert ax.get_xscale() == "log" and len(ax.containers) == 3  # one errorbar series per norm
+        (mark,) = diverged_marks(ax)  # Post-LN at depth 100 only
+        assert list(mark.get_xdata()) == [100]
+    post = axes[1].containers[0]  # eval_loss, post: at depth 100 only seed 2 counts (the others diverged)
+    x, y = post.lines[0].get_data()
+    assert list(x) == [6, 24, 100] and y[-1] == pytest.approx(3.0 + 0.2 + 1.0)
+    assert y[0] == pytest.approx(3.0 + 0.1 + 0.06)  # mean over seeds 0..2
+
+
+def test_stability_map_places_every_run_and_draws_the_frontier():
+    runs = fake_runs(lrs=(1e-3, 1e-2))
+    frontier = pd.DataFrame({"norm": ["post", "post"], "depth": ["6", "24"], "max_stable_lr": [1e-2, 1e-3]})
+    fig = plots.stability_map(runs, frontier)
+    assert [ax.get_title() for ax in fig.axes] == NORMS
+    post = fig.axes[0]
+    points = sum(len(line.get_xdata()) for line in post.lines if line.get_linestyle() == "None")
+    assert points == 3 * 3 * 2 and len(diverged_marks(post)[0].get_xdata()) == 4  # 2 seeds x 2 lrs at depth 100
+    (frontier_line,) = [line for line in post.lines if line.get_linestyle() == "--"]
+    assert list(frontier_line.get_xdata()) == [6, 24]
+
+
+def test_model_update_and_training_curves_have_a_line_per_depth_or_run():
+    runs = fake_runs()
+    scalars = fake_scalars(runs)
+    fig = plots.model_update(scalars)
+    assert [ax.get_title() for ax in fig.axes] == NORMS and all(len(ax.lines) == 3 for ax in fig.axes)
+    _, y = fig.axes[0].lines[0].get_data()  # depth 6, mean over seeds
+    assert y[0] == pytest.approx(0.6) and fig.axes[0].get_yscale() == "log"
+    curves = plots.training_curves(scalars, runs)
+    post = curves.axes[0]
+    assert len([line for line in post.lines if line.get_gid() != "diverged"]) == 9  # every run
+    assert len(diverged_marks(post)) == 2 and not diverged_marks(curves.axes[2])
+
+
+def test_layer_profiles_use_relative_position_and_the_last_measured_step():
+    runs = fake_runs()
+    layers = fake_layers(runs)
+    fig = plots.layer_profile(layers, "grad_norm")
+    for ax in fig.axes:
+        assert len(ax.lines) == 3
+        for line in ax.lines:
+            x, y = line.get_data()
+            assert x[0] == 0 and x[-1] == 1 and y[0] == pytest.approx(1.0)  # step 10 (step 0 has no gradients)
+    ln = plots.ln_input_norm(layers, runs)
+    _, y = ln.axes[0].lines[0].get_data()
+    assert y[0] == pytest.approx(8.0 / 4.0)  # ||x|| / sqrt(16)
+    assert any(line.get_linestyle() == "--" for line in ln.axes[0].lines)  # the sqrt(d) reference
+
+
+def test_plots_of_missing_records_say_so_instead_of_failing():
+    for fig in (plots.depth_stability(pd.DataFrame()), plots.model_update(pd.DataFrame()),
+                plots.layer_profile(pd.DataFrame()), plots.ln_input_norm(pd.DataFrame(), pd.DataFrame()),
+                plots.training_curves(pd.DataFrame(), pd.DataFrame()), plots.stability_map(pd.DataFrame())):
+        assert isinstance(fig, Figure) and fig.axes[0].texts
+
+
+def test_comparison_table_reports_mean_spread_and_divergence():
+    table = comparison_table(fake_runs())
+    assert list(table.index) == NORMS and list(table.columns) == [6, 24, 100]
+    assert table.loc["post", 100] == "4.200 (2/3 diverged)" and table.loc["pre", 6] == "3.100 ± 0.100"
+
+
+# -- a real tiny sweep --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """post, pre, deepnorm x depth 2, 6 x seeds 0, 1 through the CLI, plus one Post-LN run pushed to diverge."""
+    root = tmp_path_factory.mktemp("analysis")
+    common = [*TINY, f"paths.runs={root}", "logger=none", "experiment_name=tiny", "metrics.layer_every=2",
+              "train.log_every=1"]
+    proc = run_cli("-m", *common, "norm=post,pre,deepnorm", "depth=2,6", "seed=0,1", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    boom = run_cli(*common, "norm=post", "depth=6", "train.lr=1e4", "train.warmup_steps=1", "train.steps=12")
+    assert boom.returncode == 0, boom.stderr
+    return root / "tiny"
+
+
+@pytest.mark.slow
+def test_load_runs_gives_a_row_per_run_with_summary_and_flattened_config(sweep):
+    runs = deepnorm_exp.load_runs(sweep)
+    assert len(runs) == 13 and runs["run_name"].is_unique
+    assert {"status", "eval_loss", "alpha.decoder", "train.lr", "model.d_model", "data.seed", "run_dir"} <= set(runs)
+    assert (runs["model.d_model"] == 16).all() and set(runs["depth"]) == {2, 6}
+    assert runs.loc[runs["train.lr"] == 1e4, "status"].item() == "diverged"
+    scalars, layers = load_scalars(runs), load_layer_records(runs)
+    assert set(scalars["run_name"]) == set(runs["run_name"]) and {"loss", "model_update", "step"} <= set(scalars)
+    assert {"grad_norm", "ln_input_norm", "position", "norm", "depth"} <= set(layers)
+    assert len(load_events(runs)) == 1
+    assert len(deepnorm_exp.load_runs(sweep.parent)) == 13  # the runs root works too (.cache skipped)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["depth_stability", "model_update", "gradients", "training_curves"])
+def test_notebooks_execute_top_to_bottom_and_draw(sweep, tmp_path, name):
+    from deepnorm_exp.analysis.notebooks import execute
+
+    executed = execute(REPO / "notebooks" / f"{name}.ipynb", {"runs_root": str(sweep)}, tmp_path / f"{name}.ipynb")
+    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
+    import nbformat
+
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+        assert all(not cell.outputs and cell.execution_count is None for cell in code), path.name
+        assert "parameters" in code[0].metadata.get("tags", []) and "runs_root" in code[0].source
+        assert notebook.cells[0].cell_type == "markdown" and "paper found" in notebook.cells[0].source
+
+
+@pytest.mark.slow
+def test_report_is_self_contained(sweep, tmp_path):
+    path = write_report(sweep, tmp_path / "report.html")
+    text = path.read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)  # no CDN, nothing fetched
+    assert text.count("data:image/png;base64,") >= 6 and text.count('<tr class="') == 13
+    assert 'id="comparison"' in text and "diverged" in text
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+REQUIRED = os.environ.get("DEEPNORM_REQUIRE_CHROMIUM") == "1"  # .ci/run sets it: in CI this test never skips
+
+
+def chromium(*args, timeout=120) -> subprocess.CompletedProcess:
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--enable-logging=stderr", "--v=0"]
+    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM and not REQUIRED, reason="chromium not installed (CI installs Debian's package)")
+def test_report_renders_in_headless_chromium_without_console_errors(sweep, tmp_path):
+    assert CHROMIUM, "DEEPNORM_REQUIRE_CHROMIUM=1 but no chromium on PATH"
+    report = write_report(sweep, tmp_path / "report.html")
+    profile = ["--user-data-dir=" + str(tmp_path / "profile")]
+    url = report.as_uri() + "#sort=eval_loss:desc"
+    dom = chromium(*profile, "--dump-dom", url)
+    assert dom.returncode == 0, dom.stderr
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    assert not console, console  # nothing logged: no errors, no warnings
+    body = re.search(r"<body[^>]*>", dom.stdout).group(0)
+    assert 'data-ready="1"' in body and "data-errors" not in body
+    # the #sort= link sorted the runs table by eval loss, descending (the diverged run's first: its eval loss
+    # is that of its last healthy weights, far above the others)
+    table = dom.stdout[dom.stdout.index('id="runs"'):]
+    head = re.findall(r'data-key="([^"]+)"', table)
+    column = head.index("eval_loss")
+    rows = re.findall(r"<tr class=[^>]*>(.*?)</tr>", table)
+    evals = [re.findall(r"<td[^>]*>(.*?)</td>", row)[column] for row in rows]
+    shown = [float(v) for v in evals]
+    assert len(shown) == 13 and shown == sorted(shown, reverse=True)
+    assert re.search(r'<tr class="diverged">', table).start() < re.search(r'<tr class="completed">', table).start()
+    shot = chromium(*profile, f"--screenshot={tmp_path / 'report.png'}", "--window-size=1400,2400", report.as_uri())
+    assert shot.returncode == 0 and (tmp_path / "report.png").stat().st_size > 10_000, shot.stderr
