@@ -7,6 +7,7 @@ Reports ratios from one run (absolute times on a shared 2-core machine are noisy
     Hydra), and as the whole process's peak RSS;
   * time from command to first step at depth 6 (data cache warm), with W&B offline and without;
   * the text pipeline (bench_data.py): cold and warm cache times on a 100 MB file, loader vs a depth-1,000 step;
+  * the schemes that change the training step: sigma_reparam vs pre, admin vs post (+ its profiling pass);
   * the cost of instrumentation (deepnorm_exp/metrics/): step time with metrics off, with every metric on
     every step, and with the scalars only on every step, at depths 100 and 1,000; from these the overhead
     at the default intervals (log_every 10, layer_every 50) is derived, and at depth 100 also measured
@@ -118,7 +119,7 @@ def harness_step_times(depth: int, steps: int, checkpointing: bool, root: Path, 
     clock = StepClock()
     overrides = [*SHAPE, "norm=deepnorm", f"depth={depth}", f"train.steps={steps}", "train.log_every=1",
                  "metrics=off", f"train.eval_every={steps}", "logger=none", f"paths.runs={root}",
-                 "experiment_name=bench", "data.eval_sequences=8",
+                 "experiment_name=bench", "data.eval_sequences=8", "resume=false",  # every round trains again
                  f"model.activation_checkpointing={str(checkpointing).lower()}", *extra]
     cfg = compose(list({o.split("=")[0]: o for o in overrides}.values()))  # a later value of a key wins
     run_experiment(cfg, progress=False, callbacks=[clock])
@@ -161,6 +162,38 @@ def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool =
     result["median_step_s"] = times[len(times) // 2]
     result["mean_step_s"] = sum(times) / len(times)
     return result
+
+
+def admin_profile_seconds(depth: int) -> float:
+    """Wall time of Admin's profiling pass (one forward of a training batch) at `depth`, in this process."""
+    import torch
+
+    from . import build_model, compose
+    from .build import make_scheme
+
+    cfg = compose([*SHAPE, "norm=admin", f"depth={depth}"])
+    scheme = make_scheme(cfg)
+    model = build_model(cfg, scheme)
+    batch = {"tokens": torch.randint(0, 256, (8, 65))}
+    scheme.prepare(model, batch)  # warm-up
+    started = time.perf_counter()
+    scheme.prepare(model, batch)
+    return time.perf_counter() - started
+
+
+def schemes_section(depth: int, steps: int, rounds: int, root: Path) -> None:
+    """Schemes that change the training step: sigma-Reparam (a power-iteration step per linear map per
+    forward) against Pre-LN, its base; Admin against Post-LN, plus its one profiling pass."""
+    runs = {name: [] for name in ("pre", "sigma_reparam", "post", "admin")}
+    for _ in range(rounds):
+        for name, results in runs.items():
+            results.append(measure("harness", depth, steps, root, overrides=[f"norm={name}"]))
+    best = {name: min(r["median_step_s"] for r in results) for name, results in runs.items()}
+    profile = admin_profile_seconds(depth)
+    print(f"schemes at depth {depth}: sigma_reparam {best['sigma_reparam']:.3f} s/step = "
+          f"{best['sigma_reparam'] / best['pre']:.2f}x pre ({best['pre']:.3f}); admin {best['admin']:.3f} s/step = "
+          f"{best['admin'] / best['post']:.2f}x post ({best['post']:.3f}), plus its profiling pass once per run: "
+          f"{profile:.3f} s = {profile / best['admin']:.2f} of a step")
 
 
 # Instrumentation variants: overrides on top of the harness child's (which has metrics=off, log_every=1).
@@ -229,9 +262,10 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--encdec", action="store_true", help="child: the encoder-decoder model")
     parser.add_argument("--overrides", default="[]", help="child: JSON list of extra config overrides")
-    parser.add_argument("--sections", default="decoder,encdec,startup,instrumentation,data",
+    parser.add_argument("--sections", default="decoder,encdec,startup,instrumentation,data,schemes",
                         help="comma-separated: decoder (bare vs harness), encdec (100L-100L vs 200L), startup, "
-                             "instrumentation (metrics on vs off), data (text pipeline, bench_data.py)")
+                             "instrumentation (metrics on vs off), data (text pipeline, bench_data.py), "
+                             "schemes (sigma_reparam, admin: their step-time overhead)")
     parser.add_argument("--data-megabytes", type=int, default=100, help="size of the data section's text file")
     parser.add_argument("--root", default="")
     parser.add_argument("--quick", action="store_true", help="depths 10 and 100 instead of 100 and 1,000")
@@ -282,6 +316,8 @@ def main() -> None:
 
             step = rows[deep]["harness"] if deep in rows else measure("harness", deep, args.steps, root)
             data_section(root, args.data_megabytes, step["median_step_s"] if deep == 1000 else None)
+        if "schemes" in sections:
+            schemes_section(shallow, args.steps, args.rounds, root)
 
 
 def print_decoder_table(rows: dict) -> None:

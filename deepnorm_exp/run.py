@@ -28,7 +28,7 @@ from .train import checkpoint
 from .train.batches import RandomBatches
 from .train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics
 from .train.optim import build_optimizer, build_scheduler
-from .train.trainer import Callback, Trainer, evaluate
+from .train.trainer import Callback, Trainer, evaluate, to_device
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -150,7 +150,9 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, stat
         checkpointer = checkpoint.Checkpointer(out_dir / checkpoint.CHECKPOINT, cfg.train.ckpt_every,
                                                guard.stop_reason,
                                                extra={"config": OmegaConf.to_container(cfg, resolve=True)})
-        optimizer = build_optimizer(model, cfg.train)
+        if state is None:  # a fresh run: the scheme's pass before training (Admin's profiling), on the first rows
+            scheme.prepare(model, to_device({k: v[:cfg.train.batch_size] for k, v in data.train.items()}, device))
+        optimizer = build_optimizer(model, cfg.train, scheme.param_groups(model, cfg.train.lr))
         trainer = Trainer(
             model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
             batches=RandomBatches(data.train, cfg.train.batch_size, cfg.seed), steps=cfg.train.steps,

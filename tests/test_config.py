@@ -53,7 +53,7 @@ def test_defaults_are_the_documented_ones():
 
 
 BAD = [
-    (["norm=batchnorm"], "norm", "deepnorm, post, pre"),
+    (["norm=batchnorm"], "norm", "deepnorm, depth_mup, dsinit, lnscale, mixln, periln, post, pre, rezero"),
     (["model=gpt9"], "model", "decoder"),
     (["depth=0"], "depth", "positive"),
     (["depth=-3"], "depth", "positive"),

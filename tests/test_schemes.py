@@ -75,7 +75,7 @@ def test_a_new_scheme_needs_no_model_or_trainer_change():
             return ScaledResidual(sublayer, 1.0 / (layer + 1))
 
     try:
-        cfg = deepnorm_exp.compose(["depth=3", "norm=post", "norm.name=test_scaled_residual"])
+        cfg = deepnorm_exp.compose(["depth=3", "norm=rezero", "norm.name=test_scaled_residual"])  # name only
         model = deepnorm_exp.build_model(cfg)
         assert [b.attn.scale for b in model.blocks] == [1.0, 0.5, 1 / 3]
         logits = model(torch.randint(0, 256, (2, 8)))

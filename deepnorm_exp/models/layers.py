@@ -39,6 +39,7 @@ class SelfAttention(nn.Module):
         self.d_model, self.n_heads, self.dropout, self.causal = d_model, n_heads, dropout, causal
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
+        self.inner_width, self.inner_norm = d_model, nn.Identity()  # before `out`: a scheme may set a norm (Sub-LN)
 
     def projections(self):
         d = self.d_model
@@ -52,7 +53,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=self.causal,
                                            dropout_p=self.dropout if self.training else 0.0)
-        return self.out(_merge(y))
+        return self.out(self.inner_norm(_merge(y)))
 
     def attention_probs(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The softmax weights `forward` uses, (batch, heads, seq, seq), written out for instrumentation:
@@ -75,6 +76,7 @@ class CrossAttention(nn.Module):
         self.q = nn.Linear(d_model, d_model)
         self.kv = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
+        self.inner_width, self.inner_norm = d_model, nn.Identity()
 
     def projections(self):
         d = self.d_model
@@ -88,7 +90,7 @@ class CrossAttention(nn.Module):
         y = F.scaled_dot_product_attention(_heads(self.q(x), self.n_heads), _heads(k, self.n_heads),
                                            _heads(v, self.n_heads), attn_mask=memory_mask,
                                            dropout_p=self.dropout if self.training else 0.0)
-        return self.out(_merge(y))
+        return self.out(self.inner_norm(_merge(y)))
 
     def attention_probs(self, x: torch.Tensor, memory: torch.Tensor,
                         memory_mask: torch.Tensor | None) -> torch.Tensor:
@@ -104,13 +106,14 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
+        self.inner_width, self.inner_norm = d_ff, nn.Identity()  # before `fc2`: a scheme may set a norm (Sub-LN)
 
     def projections(self):
         yield "fc1", self.fc1.weight, self.fc1.bias
         yield "fc2", self.fc2.weight, self.fc2.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(F.gelu(self.fc1(x))))
+        return self.fc2(self.dropout(self.inner_norm(F.gelu(self.fc1(x)))))
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:

@@ -16,9 +16,13 @@ from torch import nn
 
 
 class Sublayer(Protocol):
-    """A residual branch G(x): attention or FFN. `projections` names its weights by role."""
+    """A residual branch G(x): attention or FFN. `projections` names its weights by role. `inner_norm`
+    (nn.Identity unless a scheme sets one, as Sub-LN does) acts on the `inner_width`-wide activation before
+    the sublayer's last projection."""
 
     d_model: int
+    inner_width: int
+    inner_norm: nn.Module
 
     def projections(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor | None]]:
         """(role, weight, bias) for each projection; roles: q, k, v, out, fc1, fc2."""
@@ -28,6 +32,22 @@ class Sublayer(Protocol):
 @dataclass
 class SchemeConfig:
     name: str = "?"
+
+
+NORM_LAYERS = ("layernorm", "rmsnorm")
+
+
+@dataclass
+class NormedConfig(SchemeConfig):
+    """Schemes with normalization layers choose their kind (the DeepNorm constants were derived for LayerNorm)."""
+
+    layer: str = "layernorm"  # layernorm | rmsnorm
+
+    def __post_init__(self):
+        if self.layer not in NORM_LAYERS:
+            from ..errors import ConfigError
+
+            raise ConfigError("layer", self.layer, f"choose one of: {', '.join(NORM_LAYERS)}")
 
 
 class NormScheme:
@@ -62,6 +82,9 @@ class NormScheme:
 
     # --- structure ------------------------------------------------------------------------------
     def norm(self, d_model: int) -> nn.Module:
+        """A normalization layer of the configured kind (`norm.layer`, for schemes whose Config has it)."""
+        if self.cfg.layer == "rmsnorm":
+            return nn.RMSNorm(d_model, eps=self.eps)
         return nn.LayerNorm(d_model, eps=self.eps)
 
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
@@ -76,6 +99,14 @@ class NormScheme:
         """Initialise a sublayer's weights and return its residual block. `layer` counts from 0."""
         self.init_sublayer(sublayer, stack, layer)
         return self.residual(sublayer, stack, layer)
+
+    # --- hooks around training (default: nothing) ------------------------------------------------
+    def prepare(self, model: nn.Module, batch: dict) -> None:
+        """Called once before the first step of a fresh run, with a training batch (Admin's profiling)."""
+
+    def param_groups(self, model: nn.Module, lr: float) -> list[dict] | None:
+        """Optimizer parameter groups, for schemes with their own learning-rate rule (None: one group)."""
+        return None
 
     # --- initialisation -------------------------------------------------------------------------
     def gain(self, role: str, stack: str, layer: int) -> float:

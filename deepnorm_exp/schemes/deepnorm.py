@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from . import register
-from .base import SchemeConfig
+from .base import NormedConfig
 from .post import PostLN
 
 BETA_ROLES = frozenset({"v", "out", "fc1", "fc2"})  # q and k keep gain 1
@@ -36,13 +36,14 @@ PRESETS = ("paper", "torchscale", "glm130b")
 
 
 @dataclass
-class DeepNormConfig(SchemeConfig):
+class DeepNormConfig(NormedConfig):
     name: str = "deepnorm"
     constants: str = "paper"
     alpha: Optional[float] = None
     beta: Optional[float] = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.constants not in PRESETS:
             raise ConfigError("constants", self.constants, f"choose one of: {', '.join(PRESETS)}")
         for key in ("alpha", "beta"):

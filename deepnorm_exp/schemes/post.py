@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from . import register
-from .base import NormScheme
+from .base import NormedConfig, NormScheme
 
 
 class PostNormResidual(nn.Module):
@@ -24,5 +24,7 @@ class PostNormResidual(nn.Module):
 
 @register("post")
 class PostLN(NormScheme):
+    Config = NormedConfig
+
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         return PostNormResidual(sublayer, self.norm(sublayer.d_model), self.alpha(stack))

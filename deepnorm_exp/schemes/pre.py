@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from . import register
-from .base import NormScheme
+from .base import NormedConfig, NormScheme
 
 
 class PreNormResidual(nn.Module):
@@ -21,6 +21,8 @@ class PreNormResidual(nn.Module):
 
 @register("pre")
 class PreLN(NormScheme):
+    Config = NormedConfig
+
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         return PreNormResidual(sublayer, self.norm(sublayer.d_model))
 

@@ -10,9 +10,10 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, LRSc
 from ..config import TrainConfig
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW (Adam when weight_decay is 0, the paper's setting: betas 0.9, 0.98)."""
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, groups: list[dict] | None = None) -> torch.optim.Optimizer:
+    """AdamW (Adam when weight_decay is 0, the paper's setting: betas 0.9, 0.98); `groups`: a scheme's own
+    parameter groups (their own learning rates), else one group."""
+    return torch.optim.AdamW(groups or model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
                              weight_decay=cfg.weight_decay, foreach=True)
 
 

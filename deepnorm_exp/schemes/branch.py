@@ -1,0 +1,25 @@
+"""A residual block shared by several schemes: x + s * G(N(x)), with s fixed or learnable, N a norm or none."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class BranchScaledResidual(nn.Module):
+    """x + scale * G(norm(x)). `learnable`: scale is a trained scalar (ReZero, SkipInit), else a constant."""
+
+    def __init__(self, sublayer: nn.Module, norm: nn.Module, scale: float, learnable: bool):
+        super().__init__()
+        self.sublayer, self.norm = sublayer, norm
+        if learnable:
+            self.scale = nn.Parameter(torch.tensor(float(scale)))
+        else:
+            self.register_buffer("scale", torch.tensor(float(scale)), persistent=False)
+
+    def forward(self, x, *args, **kwargs):
+        return x + self.scale * self.sublayer(self.norm(x), *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        kind = "learnable" if isinstance(self.scale, nn.Parameter) else "fixed"
+        return f"scale={self.scale.item():.6g} ({kind})"

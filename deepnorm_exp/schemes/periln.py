@@ -1,0 +1,25 @@
+"""Peri-LN (Kim et al., 2025, "Peri-LN: Revisiting Layer Normalization in the Transformer Architecture"):
+x_{l+1} = x_l + LN_out(G(LN_in(x_l))), a norm on both the input and the output of every sublayer, the
+residual stream itself never normalized; a final LN as in Pre-LN."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import register
+from .pre import PreLN
+
+
+class PeriNormResidual(nn.Module):
+    def __init__(self, sublayer: nn.Module, norm: nn.Module, out_norm: nn.Module):
+        super().__init__()
+        self.sublayer, self.norm, self.out_norm = sublayer, norm, out_norm  # `norm`: the input one
+
+    def forward(self, x, *args, **kwargs):
+        return x + self.out_norm(self.sublayer(self.norm(x), *args, **kwargs))
+
+
+@register("periln")
+class PeriLN(PreLN):
+    def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
+        return PeriNormResidual(sublayer, self.norm(sublayer.d_model), self.norm(sublayer.d_model))

@@ -1,0 +1,36 @@
+"""SkipInit (De & Smith, 2020, arXiv 2002.10444) on a Pre-LN Transformer: x_{l+1} = x_l + a_l G(LN(x_l)),
+a_l a learned scalar that starts small (`norm.branch_init`, default 0, the paper's choice; it also allows a
+small constant). Unlike ReZero, the LayerNorms stay."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import ConfigError
+from . import register
+from .base import NormedConfig
+from .branch import BranchScaledResidual
+from .pre import PreLN
+
+
+@dataclass
+class SkipInitConfig(NormedConfig):
+    name: str = "skipinit"
+    branch_init: float = 0.0  # a_l at init
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not math.isfinite(self.branch_init):
+            raise ConfigError("branch_init", self.branch_init, "must be a finite number")
+
+
+@register("skipinit")
+class SkipInit(PreLN):
+    Config = SkipInitConfig
+    cfg: SkipInitConfig
+
+    def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
+        return BranchScaledResidual(sublayer, self.norm(sublayer.d_model), self.cfg.branch_init, learnable=True)

@@ -1,0 +1,47 @@
+"""T-Fixup (Huang et al., 2020, "Improving Transformer Optimization Through Better Initialization"): no
+LayerNorm (x_{l+1} = x_l + G(x_l)), Xavier-normal weights with v, out, fc1, fc2 scaled:
+
+    encoder (N layers)           0.67 N^(-1/4)   (v: that times sqrt 2)
+    decoder (M layers)           (9M)^(-1/4)     (decoder-only models use this rule with M = L)
+    token embeddings             std d^(-1/2) scaled by (9M)^(-1/4), M the decoder's layers
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import register
+from .base import NormScheme
+from .deepnorm import BETA_ROLES
+
+
+class PlainResidual(nn.Module):
+    def __init__(self, sublayer: nn.Module):
+        super().__init__()
+        self.sublayer = sublayer
+
+    def forward(self, x, *args, **kwargs):
+        return x + self.sublayer(x, *args, **kwargs)
+
+
+@register("tfixup")
+class TFixup(NormScheme):
+    def beta(self, stack: str) -> float:  # reported as beta: the scale of out, fc1, fc2
+        layers = self.depths[stack]
+        return 0.67 * layers ** -0.25 if stack == "encoder" else (9 * layers) ** -0.25
+
+    def gain(self, role: str, stack: str, layer: int) -> float:
+        if role not in BETA_ROLES:
+            return 1.0
+        return self.beta(stack) * (math.sqrt(2) if stack == "encoder" and role == "v" else 1.0)
+
+    def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
+        return PlainResidual(sublayer)
+
+    @torch.no_grad()
+    def init_embedding(self, weight: torch.Tensor, stack: str) -> None:
+        super().init_embedding(weight, stack)
+        weight.mul_((9 * self.depths.get("decoder", self.depths[stack])) ** -0.25)

@@ -1,0 +1,258 @@
+"""The normalization zoo: each scheme's rule checked on a built model (combine, norm placement, init)."""
+
+import importlib
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import deepnorm_exp
+from deepnorm_exp.build import make_scheme
+from deepnorm_exp.schemes import SCHEMES
+from deepnorm_exp.schemes.base import xavier_std
+
+from conftest import TINY, run_cli
+
+ZOO = ["rezero", "skipinit", "periln", "lnscale", "mixln", "dsinit", "subln", "depth_mup", "tfixup", "admin",
+       "sigma_reparam"]
+NORMS = (nn.LayerNorm, nn.RMSNorm)
+WIDE = ["model.d_model=64", "model.n_heads=4", "model.d_ff=256"]
+
+
+def build(norm, depth=4, *overrides, model="decoder"):
+    cfg = deepnorm_exp.compose([f"norm={norm}", f"depth={depth}", f"model={model}", *overrides])
+    torch.manual_seed(0)
+    return deepnorm_exp.build_model(cfg), make_scheme(cfg)
+
+
+def norms_in(module) -> list:
+    return [m for m in module.modules() if isinstance(m, NORMS)]
+
+
+def x_like(d=64):
+    torch.manual_seed(1)
+    return torch.randn(2, 5, d)
+
+
+def role_std(block, role) -> float:
+    for r, weight, _ in block.sublayer.projections():
+        if r == role:
+            return float(weight.detach().std())
+    raise KeyError(role)
+
+
+def test_every_scheme_has_a_module_docstring_naming_its_source_and_a_yaml():
+    for name in ZOO:
+        doc = importlib.import_module(SCHEMES.get(name).__module__).__doc__
+        assert doc and "20" in doc.split("\n")[0] + doc.split("\n")[1], name  # author, year on the first lines
+        assert (deepnorm_exp.config.CONF_DIR / "norm" / f"{name}.yaml").is_file()
+
+
+# -- no LayerNorm, learned scalars ------------------------------------------------------------------
+def test_rezero_has_no_norm_and_every_block_starts_as_the_identity():
+    model, _ = build("rezero", 3, *WIDE)
+    assert norms_in(model) == []
+    scales = [block.scale for block in model.modules() if hasattr(block, "scale") and hasattr(block, "sublayer")]
+    assert len(scales) == 6 and all(isinstance(s, nn.Parameter) and s.item() == 0.0 for s in scales)
+    tokens = torch.randint(0, 256, (2, 7))
+    assert torch.equal(model.hidden(tokens), model.embed(tokens))  # identity blocks, no final norm
+
+
+def test_skipinit_keeps_pre_ln_and_learns_a_branch_scalar_from_its_init():
+    model, _ = build("skipinit", 3, *WIDE, "norm.branch_init=0.1")
+    block = model.blocks[1].ffn
+    assert isinstance(block.scale, nn.Parameter) and block.scale.item() == pytest.approx(0.1)
+    assert isinstance(block.norm, nn.LayerNorm) and isinstance(model.final_norm, nn.LayerNorm)
+    x = x_like()
+    assert torch.allclose(block(x), x + 0.1 * block.sublayer(block.norm(x)))
+
+
+# -- where the norms sit ------------------------------------------------------------------------------
+def test_periln_normalizes_the_input_and_the_output_of_each_sublayer():
+    model, _ = build("periln", 2, *WIDE)
+    block = model.blocks[0].ffn
+    x = x_like()
+    expected = x + block.out_norm(block.sublayer(block.norm(x)))
+    assert torch.allclose(block(x), expected) and block.norm is not block.out_norm
+    assert len(norms_in(model)) == 2 * 4 + 1  # two per sublayer, one final
+
+
+def test_lnscale_scales_layer_ls_norm_output_by_one_over_sqrt_l():
+    model, _ = build("lnscale", 5, *WIDE)
+    for layer, block in enumerate(model.blocks):
+        assert block.attn.norm.scale == pytest.approx(1 / math.sqrt(layer + 1))
+    block = model.blocks[3].attn
+    x = x_like()
+    assert torch.allclose(block(x), x + block.sublayer(block.norm.norm(x) / 2.0), atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides, post", [([], 2), (["norm.post_layers=8"], 8), (["norm.post_layers=0"], 0),
+                                             (["norm.post_fraction=0.5"], 4)])
+def test_mixln_is_post_ln_below_and_pre_ln_above(overrides, post):
+    model, _ = build("mixln", 8, *overrides)
+    kinds = [type(block.attn).__name__ for block in model.blocks]
+    assert kinds == ["PostNormResidual"] * post + ["PreNormResidual"] * (8 - post)
+    assert isinstance(model.final_norm, nn.Identity) == (post == 8)
+
+
+def test_subln_puts_a_norm_inside_each_sublayer_and_scales_the_init_by_gamma():
+    depth = 12
+    model, scheme = build("subln", depth, *WIDE)
+    gamma = math.sqrt(math.log(2 * depth))
+    attn, ffn = model.blocks[5].attn, model.blocks[5].ffn
+    assert isinstance(attn.sublayer.inner_norm, nn.LayerNorm) and attn.sublayer.inner_norm.normalized_shape == (64,)
+    assert isinstance(ffn.sublayer.inner_norm, nn.LayerNorm) and ffn.sublayer.inner_norm.normalized_shape == (256,)
+    assert role_std(attn, "v") == pytest.approx(gamma * xavier_std(64, 64), rel=0.05)
+    assert role_std(attn, "q") == pytest.approx(xavier_std(64, 64), rel=0.05)
+    assert role_std(ffn, "fc1") == pytest.approx(gamma * xavier_std(64, 256), rel=0.05)
+    assert scheme.constants()["beta"] == {"decoder": pytest.approx(gamma)}
+    _, encdec = build("subln", 6, model="encdec")
+    assert encdec.beta("encoder") == pytest.approx(math.sqrt(math.log(18) * math.log(12) / 3))
+    assert encdec.beta("decoder") == pytest.approx(math.sqrt(math.log(18)))
+
+
+# -- initialisation -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("base", ["post", "pre"])
+def test_dsinit_scales_layer_ls_weights_by_one_over_sqrt_l(base):
+    model, _ = build("dsinit", 16, *WIDE, f"norm.base={base}")
+    for layer in (0, 3, 15):
+        block = model.blocks[layer]
+        assert role_std(block.ffn, "fc2") == pytest.approx(xavier_std(256, 64) / math.sqrt(layer + 1), rel=0.05)
+        assert role_std(block.attn, "q") == pytest.approx(xavier_std(64, 64) / math.sqrt(layer + 1), rel=0.05)
+    assert type(model.blocks[0].attn).__name__ == ("PostNormResidual" if base == "post" else "PreNormResidual")
+    assert isinstance(model.final_norm, nn.Identity) == (base == "post")
+
+
+def test_tfixup_has_no_norm_and_scales_weights_and_embeddings_by_depth():
+    depth = 12
+    model, _ = build("tfixup", depth, *WIDE)
+    assert norms_in(model) == []
+    scale = (9 * depth) ** -0.25
+    block = model.blocks[4]
+    assert role_std(block.attn, "v") == pytest.approx(scale * xavier_std(64, 64), rel=0.05)
+    assert role_std(block.attn, "k") == pytest.approx(xavier_std(64, 64), rel=0.05)
+    assert role_std(block.ffn, "fc1") == pytest.approx(scale * xavier_std(64, 256), rel=0.05)
+    assert float(model.embed.token.weight.std()) == pytest.approx(64 ** -0.5 * scale, rel=0.05)
+    encdec, _ = build("tfixup", 6, *WIDE, model="encdec")
+    enc = (0.67 * 6 ** -0.25)
+    layer = encdec.encoder[2]
+    assert role_std(layer.attn, "out") == pytest.approx(enc * xavier_std(64, 64), rel=0.05)
+    assert role_std(layer.attn, "v") == pytest.approx(enc * math.sqrt(2) * xavier_std(64, 64), rel=0.05)
+    assert role_std(encdec.decoder[2].cross, "v") == pytest.approx((9 * 6) ** -0.25 * xavier_std(64, 64), rel=0.05)
+
+
+# -- depth-muP ----------------------------------------------------------------------------------------
+def test_depth_mup_scales_branches_by_one_over_sqrt_depth_and_its_lr_rule_groups_block_parameters():
+    depth = 16
+    model, scheme = build("depth_mup", depth, "norm.lr_rule=true", "norm.base_depth=4")
+    block = model.blocks[3].ffn
+    x = x_like(64)
+    assert torch.allclose(block(x), x + block.sublayer(block.norm(x)) / 4.0)
+    groups = scheme.param_groups(model, lr=1e-3)
+    assert [g["lr"] for g in groups] == [pytest.approx(1e-3), pytest.approx(1e-3 * math.sqrt(4 / 16))]
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert sorted(ids) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
+    assert {id(p) for p in model.embed.parameters()} <= {id(p) for p in groups[0]["params"]}
+    _, plain = build("depth_mup", depth)
+    assert plain.param_groups(model, 1e-3) is None
+
+
+# -- Admin ----------------------------------------------------------------------------------------------
+def test_admin_closed_form_omega():
+    model, scheme = build("admin", 6, "norm.omega=closed_form")
+    n = 12  # two sublayers per layer
+    omega = math.sqrt((n + 1) / math.log(n + 1) - 1)
+    assert float(model.blocks[3].ffn.omega) == pytest.approx(omega)
+    _, encdec = build("admin", 6, "norm.omega=closed_form", model="encdec")
+    assert encdec.alpha("decoder") == pytest.approx(math.sqrt(19 / math.log(19) - 1))  # 3 per decoder layer
+
+
+def test_admin_profiling_sets_omega_from_the_accumulated_branch_variances():
+    model, scheme = build("admin", 5, *WIDE)
+    batch = {"tokens": torch.randint(0, 256, (4, 17))}
+    blocks = [b for *_, b in model.residual_blocks()]
+    variances = []
+    hooks = [b.sublayer.register_forward_hook(lambda m, a, out: variances.append(float(out.var()))) for b in blocks]
+    with torch.no_grad():
+        model.eval()
+        model.loss(batch)  # omega = 1 everywhere before profiling: what the profiling pass sees
+    for hook in hooks:
+        hook.remove()
+    model.train()
+    scheme.prepare(model, batch)
+    omegas = [float(b.omega) for b in blocks]
+    expected = [math.sqrt(1 + sum(variances[:i])) for i in range(len(blocks))]
+    assert omegas == pytest.approx(expected, rel=1e-5) and omegas[0] == 1.0 and omegas[-1] > 1.5
+    assert model.training and "blocks.4.ffn.omega" in model.state_dict()  # checkpointed with the model
+
+
+# -- sigma-Reparam ------------------------------------------------------------------------------------
+def test_sigma_reparam_starts_at_w_and_tracks_the_spectral_norm_by_power_iteration():
+    model, _ = build("sigma_reparam", 2, *WIDE)
+    attn = model.blocks[0].attn.sublayer
+    reparam = attn.qkv.parametrizations.weight[0]
+    original = attn.qkv.parametrizations.weight.original
+    assert reparam.gamma.shape == (3,)  # q, k, v: one sigma and gamma each
+    assert torch.allclose(attn.qkv.weight, original, atol=1e-5)  # gamma = sigma at init: W_hat = W
+    with torch.no_grad():
+        original.mul_(torch.linspace(0.5, 2.0, 64 * 3)[:, None])  # change W: sigma is now stale
+    true_sigma = torch.linalg.matrix_norm(original.reshape(3, 64, 64), ord=2)
+    model.eval()
+    for _ in range(3):
+        model(torch.randint(0, 256, (1, 4)))
+    assert not torch.allclose(reparam.sigma(original.detach().reshape(3, 64, 64)), true_sigma, rtol=1e-3)  # eval: no update
+    model.train()
+    for _ in range(60):  # one power-iteration step per training forward
+        model(torch.randint(0, 256, (1, 4)))
+    estimate = reparam.sigma(original.detach().reshape(3, 64, 64))
+    assert torch.allclose(estimate, true_sigma, rtol=1e-3)
+    hat = attn.qkv.weight.detach().reshape(3, 64, 64)
+    assert torch.allclose(torch.linalg.matrix_norm(hat, ord=2), reparam.gamma.detach(), rtol=1e-3)
+    assert all(isinstance(m.weight, torch.Tensor) for m in attn.modules() if isinstance(m, nn.Linear))
+    assert "blocks.0.attn.sublayer.qkv.parametrizations.weight.0.u" in model.state_dict()
+
+
+# -- RMSNorm --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("norm", ["post", "pre", "deepnorm", "subln", "periln", "mixln", "admin"])
+def test_rmsnorm_replaces_every_layernorm(norm):
+    model, scheme = build(norm, 4, "norm.layer=rmsnorm")
+    assert norms_in(model) and all(isinstance(m, nn.RMSNorm) for m in norms_in(model))
+    if norm == "deepnorm":  # the LayerNorm-derived constants, unchanged
+        assert scheme.constants() == build("deepnorm", 4)[1].constants()
+
+
+def test_schemes_without_norms_refuse_a_norm_layer():
+    with pytest.raises(deepnorm_exp.errors.ConfigError) as err:
+        deepnorm_exp.compose(["norm=rezero", "+norm.layer=rmsnorm"])
+    assert err.value.key.startswith("norm")
+
+
+# -- end to end -----------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["decoder", "encdec"])
+def test_every_scheme_trains_through_the_cli(tmp_path, model):
+    extra = ["data.translation_max_len=12"] if model == "encdec" else []
+    proc = run_cli("-m", *TINY, f"model={model}", *extra, f"paths.runs={tmp_path}", "logger=none", "depth=3",
+                   "train.steps=12", "norm=" + ",".join(ZOO), timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("default/*/summary.json")]
+    assert sorted(s["norm"] for s in summaries) == sorted(ZOO)
+    assert all(s["status"] == "completed" and math.isfinite(s["final_loss"]) for s in summaries)
+
+
+@pytest.mark.slow
+def test_the_depth_mup_lr_rule_reaches_the_optimizer_and_admin_profiles_before_training(tmp_path):
+    from deepnorm_exp.run import run_experiment
+
+    common = [*TINY, f"paths.runs={tmp_path}", "logger=none", "depth=4", "train.keep_checkpoint=true", "train.ckpt_every=3",
+              "train.schedule=constant", "train.warmup_steps=0"]
+    summary = run_experiment(deepnorm_exp.compose([*common, "norm=depth_mup", "norm.lr_rule=true"]), progress=False)
+    state = torch.load(f"{summary['run_dir']}/checkpoint.pt", weights_only=False)
+    lrs = [group["lr"] for group in state["optimizer"]["param_groups"]]
+    assert lrs == [pytest.approx(1e-3), pytest.approx(1e-3 / 2)]  # blocks: lr * sqrt(1 / 4)
+    summary = run_experiment(deepnorm_exp.compose([*common, "norm=admin"]), progress=False)
+    model_state = torch.load(f"{summary['run_dir']}/checkpoint.pt", weights_only=False)["model"]
+    omegas = [float(v) for k, v in model_state.items() if k.endswith(".omega")]
+    assert len(omegas) == 8 and omegas[0] == 1.0 and all(b > a for a, b in zip(omegas, omegas[1:]))
