@@ -207,7 +207,7 @@ DEFAULT_INTERVALS = (10, 50)  # train.log_every, metrics.layer_every of the defa
 
 def instrumentation_section(depths: tuple[int, ...], steps: int, rounds: int, root: Path, direct_steps: int,
                             direct_depth: int) -> None:
-    print(f"instrumentation (metrics/), every metric, probe_batch 2; step s = median after 2 warm-up steps")
+    print("instrumentation (metrics/), every metric, probe_batch 2; step s = median after 2 warm-up steps")
     log_every, layer_every = DEFAULT_INTERVALS
     for depth in depths:
         runs = {name: [] for name in INSTRUMENTATION}

@@ -4,7 +4,6 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,7 +11,7 @@ import pytest
 from matplotlib.figure import Figure
 
 import deepnorm_exp
-from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_records, load_runs, load_scalars,
+from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_records, load_scalars,
                                    plots)
 from deepnorm_exp.report import write_report
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, run_cli
+from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -9,6 +9,7 @@ several schemes share an axis).
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -25,6 +26,12 @@ DIVERGED = dict(marker="x", color="tab:red", linestyle="none", markersize=9, mar
 def norms_in(frame: pd.DataFrame) -> list[str]:
     present = [str(n) for n in pd.unique(frame["norm"])] if "norm" in frame else []
     return [n for n in NORM_ORDER if n in present] + sorted(n for n in present if n not in NORM_ORDER)
+
+
+def norm_colors(norms: Sequence[str]) -> dict:
+    """A distinct colour per scheme: tab10 up to ten schemes, tab20 beyond (the zoo has 14)."""
+    cmap = colormaps["tab10" if len(norms) <= 10 else "tab20"]
+    return {norm: cmap(i % cmap.N) for i, norm in enumerate(norms)}
 
 
 def depth_color(depths: Sequence[int]):
@@ -45,11 +52,20 @@ def depth_axis(ax, depths) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
+MAX_COLUMNS = 4  # the zoo has 14 schemes: panels wrap into rows of four
+
+
 def panels(n: int, title: str, width: float = 4.2, height: float = 3.4, sharey: bool = True):
-    fig = Figure(figsize=(max(width * n, 5), height), layout="constrained")
-    axes = fig.subplots(1, max(n, 1), sharey=sharey, squeeze=False)[0]
+    """n panels in rows of at most MAX_COLUMNS; unused cells of the last row are removed."""
+    n = max(n, 1)
+    columns = min(n, MAX_COLUMNS)
+    rows = math.ceil(n / columns)
+    fig = Figure(figsize=(max(width * columns, 5), height * rows), layout="constrained")
+    grid = fig.subplots(rows, columns, sharey=sharey, squeeze=False).reshape(-1)
+    for ax in grid[n:]:
+        fig.delaxes(ax)
     fig.suptitle(title)
-    return fig, list(axes)
+    return fig, list(grid[:n])
 
 
 def empty(title: str, why: str) -> Figure:
@@ -73,13 +89,14 @@ def depth_stability(runs: pd.DataFrame, metrics: Sequence[str] = ("final_loss", 
     if runs.empty or not metrics:
         return empty("Loss vs depth", "no finished runs with losses")
     fig, axes = panels(len(metrics), "Loss vs depth (mean over seeds, bars: min to max; x: diverged)", sharey=False)
+    colors = norm_colors(norms_in(runs))
     for ax, metric in zip(axes, metrics):
         for norm in norms_in(runs):
             of_norm = runs[runs["norm"] == norm]
             healthy = of_norm[~_diverged(of_norm) & of_norm[metric].notna()]
             stats = healthy.groupby("depth")[metric].agg(["mean", "min", "max"]).sort_index()
             line = ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
-                               marker="o", capsize=3, label=norm)
+                               marker="o", capsize=3, label=norm, color=colors[norm])
             lost = of_norm[_diverged(of_norm)].groupby("depth").size()
             if len(lost):  # at the top of the axes: a diverged run has no comparable loss
                 ax.plot(lost.index, [0.97] * len(lost), transform=ax.get_xaxis_transform(), clip_on=False,
@@ -88,7 +105,8 @@ def depth_stability(runs: pd.DataFrame, metrics: Sequence[str] = ("final_loss", 
         ax.set_xlabel("depth (layers per stack)")
         ax.set_title(metric)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small")  # beside the panels, never on data
     return fig
 
 
