@@ -137,6 +137,8 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, stat
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, scheme).to(device)
         summary["params"] = count_params(model)
+        if state is None:  # a fresh run: the scheme's pass before training (Admin's profiling), on the first rows
+            scheme.prepare(model, to_device({k: v[:cfg.train.batch_size] for k, v in data.train.items()}, device))
         sinks = build_sinks(cfg, out_dir, name)
         dtype = autocast_dtype(cfg.train.precision, device)
 
@@ -150,8 +152,6 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, stat
         checkpointer = checkpoint.Checkpointer(out_dir / checkpoint.CHECKPOINT, cfg.train.ckpt_every,
                                                guard.stop_reason,
                                                extra={"config": OmegaConf.to_container(cfg, resolve=True)})
-        if state is None:  # a fresh run: the scheme's pass before training (Admin's profiling), on the first rows
-            scheme.prepare(model, to_device({k: v[:cfg.train.batch_size] for k, v in data.train.items()}, device))
         optimizer = build_optimizer(model, cfg.train, scheme.param_groups(model, cfg.train.lr))
         trainer = Trainer(
             model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
