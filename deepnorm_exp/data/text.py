@@ -97,6 +97,10 @@ class TokenStream:
     def identity(self) -> dict:
         raise NotImplementedError
 
+    def source_key(self) -> tuple[str, Any]:
+        """(config key, value) that errors about the documents name: data.files or data.path."""
+        raise NotImplementedError
+
     # -- the split where the source has none ----------------------------------------------------------
     def hold_out(self, docs):
         """Seeded random documents for eval; both splits keep the source's document order."""
@@ -162,9 +166,6 @@ class TokenStream:
         (directory / "meta.json").write_text(json.dumps(meta))
         if isinstance(tokenizer, BpeTokenizer):
             tokenizer.tokenizer.save(str(directory / "tokenizer.json"))
-
-    def source_key(self) -> tuple[str, Any]:
-        raise NotImplementedError
 
     def load(self, task: str) -> TaskData:
         from datasets import load_from_disk
