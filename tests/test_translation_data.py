@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deepnorm_exp.data import load_data
-from deepnorm_exp.data.hub_translation import BYTE_VOCAB, decode
+from deepnorm_exp.data.tokenizer import BYTE_VOCAB, ByteTokenizer
 from deepnorm_exp.data.translation import BOS, EOS, PAD, SPECIALS, reorder_positions
 from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.translation_eval import exact_match
@@ -101,6 +101,7 @@ def test_hub_loader_reads_a_hub_layout_directory(tmp_path):
     data = load_data(cfg, tmp_path / "cache", task="translation")
     assert data.vocab_size == BYTE_VOCAB and data.optimal_loss is None
     assert data.train["src"].shape == (40, 17) and data.train["tgt"].shape == (40, 18)
+    decode = ByteTokenizer().decode
     assert decode(data.eval["src"][3].tolist()) == "Satz Nummer 3 ü"  # 16 bytes: ü takes 2
     assert data.eval["tgt"][3, 0] == BOS and decode(data.eval["tgt"][3].tolist()) == "sentence number "
     assert torch.equal(data.eval["reference"], data.eval["tgt"])

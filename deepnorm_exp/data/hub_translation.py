@@ -7,7 +7,7 @@ both, and the tests use that. Where the hub is unreachable and the cache lacks t
 with one line naming HF_HUB_OFFLINE and the cache path.
 
 Tokens: PAD 0, BOS 1, EOS 2, then the 256 byte values of the UTF-8 text (vocabulary 259, shared by both
-languages). Sides longer than `max_len` bytes are cut.
+languages; the byte tokenizer of data/tokenizer.py reads them back). Sides longer than `max_len` bytes are cut.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import torch
 from ..errors import ConfigError
 from . import TaskData, register, unigram_loss
 from .hub import load_hub
+from .tokenizer import BYTE_VOCAB
 from .translation import BOS, EOS, PAD, SPECIALS
-
-BYTE_VOCAB = 256 + SPECIALS
 
 
 @dataclass
@@ -58,10 +57,6 @@ def encode(texts: list[str], max_len: int, bos: bool) -> np.ndarray:
         ids = [BOS] * bos + [b + SPECIALS for b in text.encode("utf-8")[:max_len]] + [EOS]
         out[row, :len(ids)] = ids
     return out
-
-
-def decode(tokens) -> str:
-    return bytes(t - SPECIALS for t in tokens if t >= SPECIALS).decode("utf-8", errors="replace")
 
 
 @register("translation_hub")

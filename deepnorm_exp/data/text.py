@@ -181,7 +181,8 @@ class TokenStream:
 
 def _file_identity(paths: list[str]) -> list[tuple[str, int, int]]:
     """What decides the files' content for the cache key: path, size, modification time."""
-    return [(p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths]
+    stats = [(p, os.stat(p)) for p in paths]
+    return [(p, st.st_size, st.st_mtime_ns) for p, st in stats]
 
 
 @dataclass
