@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from .errors import ConfigError
+from .errors import ConfigError, HarnessError, one_line
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -27,10 +27,10 @@ def train(cfg: DictConfig) -> dict | None:
         cfg.threads = worker_threads(hydra_cfg.launcher)
     try:
         return run_experiment(cfg, override_dirname=hydra_cfg.job.override_dirname)
-    except ConfigError as e:
-        print(f"deepnorm_exp: error: {e}", file=sys.stderr)
+    except (HarnessError, OSError) as e:  # said in one line: bad input, a damaged record, a full disk
+        print(f"deepnorm_exp: error: {one_line(e)}", file=sys.stderr, flush=True)
         if hydra_cfg.mode == RunMode.RUN:
-            sys.exit(2)
+            sys.exit(e.exit_status if isinstance(e, HarnessError) else 1)
     except Exception as e:  # noqa: BLE001 - in a sweep one failed job is a result; the rest go on
         if hydra_cfg.mode == RunMode.RUN:
             raise
@@ -50,15 +50,34 @@ def worker_threads(launcher: DictConfig) -> int | None:
 
 def all_finished(jobs) -> bool:
     """Whether every job of a sweep already has a final summary, so launching would only skip them all."""
-    from .rundir import run_dir, run_name
     from .run import FINAL
     from .summary import read_summary
 
     for job in jobs:
-        summary = read_summary(run_dir(job.cfg, run_name(job.cfg, job.override_dirname)) / "summary.json")
+        summary = read_summary(job.run_dir / "summary.json")
         if not (job.fixed and job.cfg.resume and summary is not None and summary.get("status") in FINAL):
             return False
     return True
+
+
+def failed_runs(jobs) -> list[str]:
+    """The jobs of a finished sweep whose run failed or left no record (a diverged run is a result; a run
+    that another process holds, e.g. a second sweep launched at once, is that process's to report)."""
+    from .runlock import RunLock
+    from .summary import read_summary
+
+    failed = []
+    for job in jobs:
+        summary = read_summary(job.run_dir / "summary.json") or {}
+        if summary.get("status") in ("completed", "diverged"):
+            continue
+        if summary.get("status") != "failed" and job.run_dir.is_dir():
+            lock = RunLock(job.run_dir)
+            if not lock.acquire():
+                continue  # running in another process
+            lock.release()
+        failed.append(f"{job.run_dir.name}: {summary.get('error') or summary.get('status') or 'no summary.json'}")
+    return failed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,22 +88,32 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = get_args_parser().parse_args(argv)
     wants_info = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+    jobs = []
     if not wants_info:
         try:
             jobs = preflight(args.overrides, args.multirun)
-        except ConfigError as e:
+        except HarnessError as e:
             print(f"deepnorm_exp: error: {e}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(e.exit_status)
         if args.multirun and all_finished(jobs):  # a re-run of a finished sweep launches nothing
             from .summary import format_table, load_summaries
 
             roots = sorted({Path(job.cfg.paths.runs) / str(job.cfg.experiment_name) for job in jobs})
             print(f"all {len(jobs)} runs already finished (resume=false runs them again)")
             for root in roots:
-                print(f"\n{root}\n{format_table(load_summaries(root))}")
+                print(f"\n{root}\n{format_table(*load_summaries(root))}")
             return
     sys.argv = [sys.argv[0], *argv]
-    train()
+    try:
+        train()
+    except KeyboardInterrupt:  # the runs wrote their records (interrupted) before this reached here
+        print("deepnorm_exp: interrupted", file=sys.stderr)
+        sys.exit(130)
+    fixed = [job for job in jobs if job.fixed]
+    failed = failed_runs(fixed) if args.multirun else []
+    if failed:
+        print(f"deepnorm_exp: error: {len(failed)} of {len(fixed)} runs failed: " + "; ".join(failed), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Reports ratios from one run (absolute times on a shared 2-core machine are noisy
   * training step time at depth 1,000 (d_model 64, 4 heads, seq 64, batch 8), harness / bare loop;
   * peak memory at depths 100 and 1,000: bare loop, harness, harness with activation checkpointing, as the
     process's peak RSS minus its RSS after imports (libraries differ: the harness also loads datasets and
-    Hydra), and as the whole process's peak RSS;
+    Hydra), and as the whole process's peak RSS; and the harness's own estimate of it (train/memory.py);
   * time from command to first step at depth 6 (data cache warm), with W&B offline and without;
   * the text pipeline (bench_data.py): cold and warm cache times on a 100 MB file, loader vs a depth-1,000 step;
   * the schemes that change the training step: sigma_reparam vs pre, admin vs post (+ its profiling pass);
@@ -232,6 +232,29 @@ def instrumentation_section(depths: tuple[int, ...], steps: int, rounds: int, ro
           f"off {best['off']:.3f} s/step: {100 * (best['default'] / best['off'] - 1):+.1f}%")
 
 
+def memory_estimate_mb(depth: int, checkpointing: bool) -> float:
+    """What train/memory.py estimates for the harness child's configuration (metrics off, SHAPE)."""
+    from .build import make_scheme, model_depths
+    from .compose import compose
+    from .train.memory import estimate
+
+    cfg = compose([*SHAPE, "norm=deepnorm", f"depth={depth}", "metrics=off",
+                   f"model.activation_checkpointing={str(checkpointing).lower()}"])
+    return estimate(cfg, make_scheme(cfg), model_depths(cfg), cfg.train.seq_len).total_bytes / 2**20
+
+
+def memory_section(depths: tuple[int, ...], steps: int, root: Path, rows: dict) -> None:
+    """The training-memory estimate (the refusal before building uses it) against the measured train MB."""
+    print("memory estimate (train/memory.py) vs measured train MB (peak RSS minus RSS after imports)")
+    for depth in depths:
+        for checkpointing in (False, True):
+            name = "harness_ckpt" if checkpointing else "harness"
+            measured = rows.get(depth, {}).get(name) or measure("harness", depth, steps, root, checkpointing=checkpointing)
+            guess = memory_estimate_mb(depth, checkpointing)
+            print(f"  depth {depth}{' checkpointing' if checkpointing else ''}: estimate {guess:.0f} MB, "
+                  f"measured {measured['train_mb']:.0f} MB, estimate / measured {guess / measured['train_mb']:.2f}")
+
+
 def time_to_first_step(root: Path, logger: str) -> float:
     """Seconds from launching the command to the first metrics record on disk (depth 6, cache warm)."""
     run_root = root / f"first-step-{logger}"
@@ -262,8 +285,9 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--encdec", action="store_true", help="child: the encoder-decoder model")
     parser.add_argument("--overrides", default="[]", help="child: JSON list of extra config overrides")
-    parser.add_argument("--sections", default="decoder,encdec,startup,instrumentation,data,schemes",
-                        help="comma-separated: decoder (bare vs harness), encdec (100L-100L vs 200L), startup, "
+    parser.add_argument("--sections", default="decoder,memory,encdec,startup,instrumentation,data,schemes",
+                        help="comma-separated: decoder (bare vs harness), memory (estimate vs measured), "
+                             "encdec (100L-100L vs 200L), startup, "
                              "instrumentation (metrics on vs off), data (text pipeline, bench_data.py), "
                              "schemes (sigma_reparam, admin: their step-time overhead)")
     parser.add_argument("--data-megabytes", type=int, default=100, help="size of the data section's text file")
@@ -290,6 +314,8 @@ def main() -> None:
                 runs["harness_ckpt"].append(measure("harness", depth, args.steps, root, checkpointing=True))
                 rows[depth] = {name: min(results, key=lambda r: r["median_step_s"]) for name, results in runs.items()}
             print_decoder_table(rows)
+        if "memory" in sections:
+            memory_section((shallow, deep), args.steps, root, rows)
         if "encdec" in sections:
             layers = shallow  # 100L-100L against a 200-layer decoder
             pair = {"encdec": [], "decoder": []}

@@ -1,7 +1,17 @@
-"""From a composed config to objects: the check every entry point runs first, the scheme, the model."""
+"""From a composed config to objects: the checks every entry point runs first, the scheme, the model.
+
+`check_config` needs nothing but the config; `check_runtime` also looks at this machine (the device, the
+directories records go to, the memory training needs). The command line runs both for every job of a
+sweep before the first one starts; `run_experiment` runs both again, so a notebook gets the same checks.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+from pathlib import Path
+
+import torch
 from omegaconf import DictConfig
 from torch import nn
 
@@ -10,6 +20,8 @@ from .data import check_data_config
 from .errors import ConfigError
 from .models import MODELS
 from .schemes import NormScheme, build_scheme
+
+log = logging.getLogger("deepnorm_exp")
 
 
 def model_depths(cfg: DictConfig) -> dict[str, int]:
@@ -41,3 +53,52 @@ def build_model(cfg: DictConfig, scheme: NormScheme | None = None) -> nn.Module:
         check_config(cfg)
         scheme = make_scheme(cfg)
     return MODELS.get(cfg.model.kind)(cfg.model, model_depths(cfg), scheme)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device", name, "CUDA is not available here; use device=cpu or auto")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ConfigError("device", name, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device(name)
+
+
+def check_writable_dir(key: str, value: str) -> None:
+    """`value` is a directory this process can create and write in: every part of it that exists is a
+    directory, and the deepest existing one is writable (a read-only file system says no even to root)."""
+    path = Path(value).expanduser().absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(key, value, f"{existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(key, value, f"{existing} is not writable (read-only file system or permissions)")
+
+
+def check_memory(cfg: DictConfig, device: torch.device):
+    """The memory estimate of training `cfg`; ConfigError if it exceeds the device (memory_check=false
+    lets it try anyway)."""
+    from .train.memory import GIB, device_memory, estimate
+
+    positions = check_data_config(cfg.data, MODELS.get(cfg.model.kind).task)
+    guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions)
+    available = device_memory(device)
+    if cfg.memory_check and guess.total_bytes > available:
+        raise ConfigError("depth", cfg.depth, f"training would need ~{guess.total_bytes / GIB:,.1f} GiB "
+                          f"({guess.describe()}), {device.type} has {available / GIB:,.1f} GiB; make the model "
+                          f"or train.batch_size smaller, or memory_check=false to try anyway")
+    return guess
+
+
+def check_runtime(cfg: DictConfig, here: bool = True):
+    """The checks that need a machine: records can be written, and (`here`: the jobs run on this machine,
+    not on a cluster's nodes) the device exists and training fits in its memory. Returns the memory
+    estimate, or None when not `here`."""
+    check_writable_dir("paths.runs", cfg.paths.runs)
+    check_writable_dir("paths.cache", cfg.paths.cache)
+    if not here:
+        return None
+    return check_memory(cfg, resolve_device(cfg.device))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Sequence
 
 from hydra import compose as hydra_compose
@@ -94,17 +95,31 @@ class Job:
     override_dirname: str  # Hydra's, what the run directory is named from
     fixed: bool  # launched exactly as composed (the basic sweeper); false when a sweeper picks values
 
+    @property
+    def run_dir(self) -> Path:
+        from .rundir import run_dir, run_name
+
+        return run_dir(self.cfg, run_name(self.cfg, self.override_dirname))
+
 
 def preflight(overrides: Sequence[str], multirun: bool) -> list[Job]:
-    """Compose and check every job; returns them, or raises ConfigError."""
+    """Compose and check every job (where the jobs run on this machine, also its device and memory; a
+    cluster launcher's jobs are checked on their node when they start), and that no job would take over a
+    run directory trained with another config; returns them, or raises a HarnessError."""
+    from .build import check_runtime
+    from .run import check_claim
+
     checked = []
     for job in expand_jobs(overrides, multirun):
         cfg = _compose(job, hydra_config=True)
         override_dirname = cfg.hydra.job.override_dirname
         fixed = str(cfg.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper")
+        here = "Slurm" not in str(cfg.hydra.launcher.get("_target_", ""))
         with open_dict(cfg):
             del cfg["hydra"]
         check_config(cfg)
+        check_runtime(cfg, here)
         checked.append(Job(cfg, override_dirname, fixed))
+        if fixed:
+            check_claim(checked[-1].run_dir, cfg)
     return checked
-

@@ -110,6 +110,7 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: Optional[int] = None  # torch CPU threads for this run; null = torch's default
     resume: bool = True  # skip finished runs, continue unfinished ones from their checkpoint
+    memory_check: bool = True  # refuse a run whose estimated training memory exceeds the device's
     experiment_name: str = "default"
 
 
@@ -137,8 +138,30 @@ def _get(cfg: DictConfig, key: str) -> Any:
         raise ConfigError(key, "???", f"must be set ({e.__class__.__name__})") from None
 
 
+def _raw(cfg: DictConfig, key: str) -> Any:
+    """The value of `key` as written, before interpolation (what the user typed)."""
+    node: Any = OmegaConf.to_container(cfg, resolve=False)
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "?"
+        node = node[part]
+    return node
+
+
+def check_resolves(cfg: DictConfig) -> None:
+    """Every interpolation resolves (`${oc.env:VAR}` of a variable that is not set, a key that does not
+    exist): one line naming the key, instead of a traceback from wherever the value is first read."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "config"
+        why = first_line(e).split("raised while resolving interpolation: ")[-1].strip("\"'")
+        raise ConfigError(key, _raw(cfg, key), why) from None
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that would make the run fail or mean nothing."""
+    check_resolves(cfg)
     for key, choices in CHOICES.items():
         if _get(cfg, key) not in choices:
             raise ConfigError(key, _get(cfg, key), f"choose one of: {', '.join(choices)}")

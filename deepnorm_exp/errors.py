@@ -1,15 +1,42 @@
-"""The one exception type that reaches the user as a single line, without a traceback."""
+"""The exceptions that reach the user as a single line, without a traceback.
+
+A traceback is for a bug in the harness. Everything the user can act on (bad input, a damaged record, a
+full disk) is said in one line that names the key or the file and what to do, with an exit status that
+tells the two apart: 2 for input refused before any compute, 1 for a run that failed.
+"""
 
 
-class ConfigError(ValueError):
+class HarnessError(Exception):
+    """A failure the user can act on, said in one line."""
+
+    exit_status = 1
+
+
+class ConfigError(HarnessError, ValueError):
     """Bad input, detected before any compute: the message names the key, the value and what is allowed."""
+
+    exit_status = 2
 
     def __init__(self, key: str, value: object, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key}={value!s} is invalid: {allowed}")
 
 
-def first_line(e: Exception) -> str:
+class RecordError(HarnessError):
+    """A record file the run needs is damaged: the message names it and the way out."""
+
+
+def first_line(e: BaseException) -> str:
     """An exception's message cut to its first line (library messages run over several)."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def one_line(e: BaseException) -> str:
+    """What a failed run says about `e` in its summary and on the terminal."""
+    if isinstance(e, HarnessError):
+        return first_line(e)
+    if isinstance(e, OSError) and e.strerror:  # a full disk, a read-only file system: the file and the reason
+        where = f": {e.filename}" if e.filename else ""
+        return f"{type(e).__name__}: {e.strerror}{where}"
+    return f"{type(e).__name__}: {first_line(e)}"

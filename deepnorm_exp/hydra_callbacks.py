@@ -15,4 +15,4 @@ class ComparisonTable(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         root = Path(config.paths.runs) / str(config.experiment_name)
-        print(f"\n{root}\n{format_table(load_summaries(root))}", flush=True)
+        print(f"\n{root}\n{format_table(*load_summaries(root))}", flush=True)

@@ -1,5 +1,5 @@
-"""Preemption: SIGUSR1, SIGUSR2 or SIGTERM during training checkpoints at the next step boundary, then
-hands the signal on.
+"""Preemption and Ctrl-C: SIGUSR1, SIGUSR2, SIGTERM or SIGINT during training checkpoints at the next step
+boundary, then hands the signal on. A second Ctrl-C stops at once (KeyboardInterrupt).
 
 SLURM sends a signal `signal_delay_s` before a job's time limit (submitit asks for SIGUSR2 since 1.5, or
 what $SUBMITIT_PREEMPT_SIGNAL names; older setups use SIGUSR1), and SIGTERM on preemption. A signal
@@ -18,7 +18,7 @@ import signal
 
 log = logging.getLogger("deepnorm_exp")
 
-SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 
 def submitit_signal() -> int:
@@ -33,6 +33,8 @@ class PreemptionGuard:
 
     def __enter__(self) -> "PreemptionGuard":
         for signum in SIGNALS:
+            if signum == signal.SIGINT and signal.getsignal(signum) == signal.SIG_IGN:
+                continue  # a process told to ignore Ctrl-C (a pool worker) keeps ignoring it
             try:
                 self.previous[signum] = signal.signal(signum, self._record)
             except ValueError:  # not the main thread (e.g. a notebook's worker thread): no signals there
@@ -44,9 +46,12 @@ class PreemptionGuard:
             signal.signal(signum, handler)
 
     def _record(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the step
         if self.signum is None:
-            log.warning("received %s: checkpointing after the current step, then stopping",
-                        signal.Signals(signum).name)
+            log.warning("received %s: checkpointing after the current step, then stopping%s",
+                        signal.Signals(signum).name,
+                        " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else "")
         self.signum = signum
 
     def stop_reason(self) -> str | None:
@@ -57,9 +62,9 @@ class PreemptionGuard:
         if self.signum is None:
             return
         # Under submitit, its signal's previous handler checkpoints-and-requeues (SIGTERM's only logs):
-        # every preemption signal goes there.
+        # every preemption signal goes there. A Ctrl-C is the user's, never a preemption.
         requeue = self.previous.get(submitit_signal())
-        if callable(requeue):
+        if callable(requeue) and self.signum != signal.SIGINT:
             requeue(submitit_signal(), None)
             return
         handler = self.previous.get(self.signum, signal.SIG_DFL)

@@ -8,39 +8,33 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .build import build_model, check_config, make_scheme
+from .build import build_model, check_config, check_runtime, make_scheme, resolve_device
 from .models import MODELS, count_params
 from .data import load_data
-from .errors import ConfigError
+from .errors import ConfigError, RecordError, one_line
 from .metrics import build_instruments
 from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
 from .sinks import build_sinks
 from .preemption import PreemptionGuard
+from .records import atomic_path, remove_temporaries
 from .runlock import RunLock
 from .summary import TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
 from .train import checkpoint
 from .train.batches import RandomBatches
 from .train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics
 from .train.optim import build_optimizer, build_scheduler
+from .train.memory import GIB
 from .train.trainer import Callback, Trainer, evaluate, to_device
 
 log = logging.getLogger("deepnorm_exp")
 
 RECORD_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "layers", "summary.json", "wandb", "checkpoint.pt")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("device", name, "CUDA is not available here; use device=cpu or auto")
-    return torch.device(name)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -57,10 +51,12 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
     """Train one model as `cfg` says; returns the summary also written to `summary.json`.
 
     Idempotent: with `resume=true` (the default) a run whose summary says completed or diverged is not
-    trained again, and an unfinished one continues from its checkpoint; `resume=false` starts over.
+    trained again, and an unfinished one continues from its checkpoint; `resume=false` starts over. A run
+    directory belongs to one trained config: resuming or re-using a run trained otherwise is refused.
     `callbacks`: extra observers (a notebook's, a benchmark's clock), run after the built-in ones.
     """
     check_config(cfg)
+    memory = check_runtime(cfg)
     device = resolve_device(cfg.device)
     name = make_run_name(cfg, override_dirname)
     out_dir = make_run_dir(cfg, name)
@@ -68,67 +64,107 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
     if not lock.acquire():
         log.warning("%s: another process is running it; leaving it to that one", out_dir)
         return {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
+    guard = PreemptionGuard()
     try:
+        check_claim(out_dir, cfg)
         previous = read_summary(out_dir / "summary.json")
         if cfg.resume and previous is not None and previous.get("status") in FINAL:
             log.info("%s: already %s, not run again (resume=false starts over)", out_dir, previous["status"])
             return previous
-        state = None
-        if cfg.resume and (out_dir / checkpoint.CHECKPOINT).exists():
-            state = checkpoint.load(out_dir / checkpoint.CHECKPOINT, device)
-            check_resumable(state["config"], cfg)
-            log.info("%s: resuming from step %d", out_dir, state["step"])
-        else:
+        for temporary in remove_temporaries(out_dir):  # a write that a kill interrupted
+            log.info("removed %s, left by an interrupted write", temporary)
+        resuming = cfg.resume and (out_dir / checkpoint.CHECKPOINT).exists()
+        if not resuming:
             for stale in RECORD_FILES:  # starting over: nothing of an earlier attempt survives
                 path = out_dir / stale
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
-        with PreemptionGuard() as guard:
-            summary = _train(cfg, device, name, out_dir, state, progress, callbacks, guard)
+        with atomic_path(out_dir / "config.yaml") as temporary:
+            OmegaConf.save(cfg, temporary, resolve=True)
+        with guard:
+            summary = _train(cfg, device, name, out_dir, resuming, progress, callbacks, guard, memory)
     finally:
         lock.release()
     guard.forward()  # after the records are written: a preemption's signal goes on (submitit requeues)
     return summary
 
 
-def check_resumable(saved: dict, cfg: DictConfig) -> None:
-    """A checkpoint only continues the run it came from: the same sections that decide what is trained."""
-    before, now = _trained_config(saved), _trained_config(OmegaConf.to_container(cfg, resolve=True))
-    for key in RESUME_KEYS:
-        if before[key] != now[key]:
-            raise ConfigError("resume", "true", f"the run directory's checkpoint was trained with a different "
-                                                f"`{key}`; use resume=false to start over")
+TRAINED_KEYS = ("norm", "model", "data", "train", "depth", "seed")  # what decides the weights a run ends with
+UNTRAINED_TRAIN_KEYS = ("log_every", "eval_every", "ckpt_every", "keep_checkpoint")  # how often it is observed
 
 
-RESUME_KEYS = ("norm", "model", "data", "train", "metrics", "depth", "seed")
-RESUME_FREE = ("log_every", "eval_every", "ckpt_every", "keep_checkpoint")  # train keys a resume may change
-
-
-def _trained_config(container: dict) -> dict:
-    out = {key: copy.deepcopy(container.get(key)) for key in RESUME_KEYS}
-    for key in RESUME_FREE:
-        out["train"].pop(key, None)
+def trained_config(container: dict) -> dict:
+    """The part of a resolved config that decides what is trained (metrics, logging, paths do not)."""
+    out = {key: copy.deepcopy(container.get(key)) for key in TRAINED_KEYS}
+    for key in UNTRAINED_TRAIN_KEYS:
+        (out["train"] or {}).pop(key, None)
     return out
 
 
-def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, state: dict | None,
-           progress: bool | None, callbacks: Sequence[Callback], guard: PreemptionGuard) -> dict:
+def first_difference(before: Any, now: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
+    """(dotted key, value before, value now) of the first place two config trees differ, or None."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        for key in list(before) + [k for k in now if k not in before]:
+            found = first_difference(before.get(key, "<unset>"), now.get(key, "<unset>"), f"{prefix}{key}.")
+            if found:
+                return found
+        return None
+    return None if before == now else (prefix.rstrip("."), before, now)
+
+
+def check_same_training(stored: dict, cfg: DictConfig, out_dir: Path) -> None:
+    """ConfigError unless `stored` (a resolved config) trains what `cfg` asks for."""
+    found = first_difference(trained_config(stored), trained_config(OmegaConf.to_container(cfg, resolve=True)))
+    if found is not None:
+        key, before, now = found
+        raise ConfigError(key, now, f"{out_dir} holds a run trained with {key}={before}; give this run its own "
+                                    f"experiment_name, or resume=false to replace that run")
+
+
+def check_claim(out_dir: Path, cfg: DictConfig) -> None:
+    """A run directory belongs to the one trained config that wrote it: a finished run or a checkpoint
+    there is never taken as this config's unless the config it stored (config.yaml) trains the same."""
+    if not cfg.resume:
+        return  # the old run is replaced
+    finished = (read_summary(out_dir / "summary.json") or {}).get("status") in FINAL
+    if not finished and not (out_dir / checkpoint.CHECKPOINT).exists():
+        return  # nothing to take over: an unfinished run without a checkpoint starts over
+    try:
+        stored = OmegaConf.to_container(OmegaConf.load(out_dir / "config.yaml"), resolve=False)
+    except Exception as e:  # noqa: BLE001 - missing, or whatever YAML raises on a damaged file
+        if finished:
+            raise RecordError(f"{out_dir / 'config.yaml'} is missing or damaged ({type(e).__name__}), so the "
+                              f"finished run there cannot be matched to this config; resume=false replaces it") from None
+        return  # the checkpoint carries its own config, checked when it is loaded
+    check_same_training(stored, cfg, out_dir)
+
+
+def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, resuming: bool,
+           progress: bool | None, callbacks: Sequence[Callback], guard: PreemptionGuard, memory) -> dict:
     started = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     scheme = make_scheme(cfg)
     summary = {
         "status": "failed", "trained": None, "learned_fraction": None,
-        "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": state["step"] if state else None,
-        "final_loss": None, "eval_loss": None, "optimal_loss": None, "unigram_loss": None, "excess_loss": None,
+        "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": None,
+        "final_loss": None, "eval_loss": None, "eval_step": None, "eval_weights": None,
+        "optimal_loss": None, "unigram_loss": None, "excess_loss": None,
         "diverged_at_step": None, "divergence_reason": None, "divergence": None,
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
-        **scheme.constants(), "params": None, "tokens_per_s": None, "wall_s": None,
+        **scheme.constants(), "params": None, "memory_estimate_gib": memory.total_bytes / GIB,
+        "tokens_per_s": None, "wall_s": None,
         "experiment": cfg.experiment_name, "run_name": name, "run_dir": str(out_dir), "device": str(device),
         "exact_match": None, "error": None,
     }
-    sinks = []
+    log.info("%s L%d on %s: %s", cfg.norm.name, cfg.depth, device, memory.describe())
+    sinks, trainer = [], None
     try:
+        state = None
+        if resuming:
+            state = checkpoint.load(out_dir / checkpoint.CHECKPOINT)
+            check_same_training(state["config"], cfg, out_dir)
+            summary["resumed_from_step"] = state["step"]
+            log.info("%s: resuming from step %d", out_dir, state["step"])
         data = load_data(cfg.data, cfg.paths.cache, MODELS.get(cfg.model.kind).task)
         if cfg.train.batch_size > data.train_size:
             raise ConfigError("train.batch_size", cfg.train.batch_size,
@@ -137,8 +173,9 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, stat
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, scheme).to(device)
         summary["params"] = count_params(model)
-        if state is None:  # a fresh run: the scheme's pass before training (Admin's profiling), on the first rows
-            scheme.prepare(model, to_device({k: v[:cfg.train.batch_size] for k, v in data.train.items()}, device))
+        # The scheme's pass before training (Admin's profiling), on the first rows; also when resuming, so the
+        # model holds theta_0 exactly until the checkpoint is restored (the model update's reference).
+        scheme.prepare(model, to_device({k: v[:cfg.train.batch_size] for k, v in data.train.items()}, device))
         sinks = build_sinks(cfg, out_dir, name)
         dtype = autocast_dtype(cfg.train.precision, device)
 
@@ -167,15 +204,16 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, stat
             checkpoint.restore(trainer, state)
             del state
         trainer.fit()
-        summary.update(steps_completed=trainer.step, final_loss=metrics.last_loss,
-                       tokens_per_s=metrics.mean_tokens_per_s)
+        summary.update(final_loss=metrics.last_loss, tokens_per_s=metrics.mean_tokens_per_s)
         if guard.stop_reason() is not None and divergence.event is None:
-            summary.update(status="interrupted", error=guard.stop_reason(), eval_loss=evaluation.last)
+            summary.update(status="interrupted", error=guard.stop_reason(), eval_loss=evaluation.last,
+                           eval_step=evaluation.last_step or None)
             return summary  # no evaluation: a preempted job has seconds left; the resumed run finishes it
 
         if evaluation.last_step != trainer.step or evaluation.last is None:
-            evaluation.last = eval_loss()  # a diverged run: evaluate its last healthy weights
-        summary["eval_loss"] = evaluation.last
+            evaluation.last = eval_loss()  # a diverged run: evaluate the weights it stopped with
+        summary.update(eval_loss=evaluation.last, eval_step=trainer.step,
+                       eval_weights=divergence.weights_evaluated(trainer.step))
         if data.optimal_loss is not None and math.isfinite(evaluation.last):
             summary["excess_loss"] = evaluation.last - data.optimal_loss
         fraction = learned_fraction(evaluation.last, data.unigram_loss, data.optimal_loss)
@@ -191,12 +229,20 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, stat
             summary["exact_match"] = exact_match(model, data, cfg.data.eval_decode, cfg.train.batch_size, device)
         if not cfg.train.keep_checkpoint:  # finished: nothing left to resume
             (out_dir / checkpoint.CHECKPOINT).unlink(missing_ok=True)
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops at the next step boundary, like SIGTERM)
+        summary.update(status="interrupted", error="interrupted by SIGINT before a checkpoint")
+        raise
     except BaseException as e:
-        summary["error"] = f"{type(e).__name__}: {e}"
+        summary["error"] = one_line(e)
         raise
     finally:
+        if trainer is not None:
+            summary["steps_completed"] = trainer.step
         summary["wall_s"] = time.perf_counter() - started
-        write_summary(out_dir / "summary.json", summary)
+        try:
+            write_summary(out_dir / "summary.json", summary)
+        except OSError as e:  # a full disk: say so, and let the run's own error be the one raised
+            log.error("could not write %s: %s", out_dir / "summary.json", one_line(e))
         for sink in sinks:
             sink.finish(summary)
         log.info(format_summary(summary))

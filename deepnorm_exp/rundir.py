@@ -15,11 +15,16 @@ MAX_OVERRIDES_CHARS = 160
 
 def run_name(cfg: DictConfig, override_dirname: str = "") -> str:
     """`override_dirname` is Hydra's `key=value,...` of the command-line overrides, minus the keys that
-    `hydra.job.config.override_dirname.exclude_keys` lists (norm, depth, seed, ... are in the name already)."""
+    `hydra.job.config.override_dirname.exclude_keys` lists (norm, depth, seed, ... are in the name already).
+
+    Characters a file name should not hold become "_", which can make two different commands look alike
+    (data.files=corp/a/b.txt and data.files=corp/a_b.txt): whenever a character was replaced, or the text
+    cut, a hash of the exact overrides is appended, so different overrides never share a directory."""
     parts = [str(cfg.norm.name), f"L{cfg.depth}"]
     if override_dirname:
-        overrides = re.sub(r"[^A-Za-z0-9_.=+-]", "_", override_dirname.replace(",", "-"))
-        if len(overrides) > MAX_OVERRIDES_CHARS:  # file names stop at 255 bytes; keep it unique with a hash
+        readable = override_dirname.replace(",", "-")
+        overrides = re.sub(r"[^A-Za-z0-9_.=+-]", "_", readable)
+        if overrides != readable or len(overrides) > MAX_OVERRIDES_CHARS:  # file names stop at 255 bytes
             digest = hashlib.sha256(override_dirname.encode()).hexdigest()[:10]
             overrides = f"{overrides[:MAX_OVERRIDES_CHARS - 11]}~{digest}"
         parts.append(overrides)

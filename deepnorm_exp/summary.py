@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 from pathlib import Path
 from typing import Any, Optional
 
-from .files import atomic_path
+from .records import read_json, write_json
+
+log = logging.getLogger("deepnorm_exp")
 
 
 def learned_fraction(eval_loss: Optional[float], unigram: float, optimal: Optional[float]) -> Optional[float]:
@@ -22,23 +24,17 @@ def learned_fraction(eval_loss: Optional[float], unigram: float, optimal: Option
 TRAINED_FRACTION = 0.1  # below this share of the learnable gap a run counts as `trained: false`
 
 
-def finite_or_none(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def write_summary(path: Path, summary: dict) -> None:
-    with atomic_path(Path(path)) as temporary:
-        temporary.write_text(json.dumps({k: finite_or_none(v) for k, v in summary.items()}, indent=2) + "\n")
+    write_json(path, summary)  # strict JSON: a NaN loss is "nan" (records.encode), read back as a float
 
 
 def read_summary(path: Path) -> dict | None:
-    """The summary a run left, or None (no file, or one cut short by a crash while written)."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    """The summary a run left, or None (no file; a damaged one is named in a warning)."""
+    summary = read_json(path)
+    if summary is not None and not isinstance(summary, dict):
+        log.warning("%s is damaged and was skipped (not a JSON object)", path)
         return None
+    return summary
 
 
 def _fmt(value: Any, spec: str = ".4g") -> str:
@@ -67,14 +63,27 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def load_summaries(root: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(Path(root).glob("*/summary.json"))]
+REQUIRED = ("run_name", "norm", "depth", "status")  # what the table cannot do without
 
 
-def format_table(summaries: list[dict]) -> str:
-    """norm x depth table of a sweep: final loss, eval loss, excess loss, status."""
+def load_summaries(root: Path) -> tuple[list[dict], list[Path]]:
+    """The readable summaries of the runs under `root`, and the summary files that could not be read."""
+    summaries, damaged = [], []
+    for path in sorted(Path(root).glob("*/summary.json")):
+        summary = read_summary(path)
+        if summary is None or not all(key in summary for key in REQUIRED):
+            damaged.append(path)
+        else:
+            summaries.append(summary)
+    return summaries, damaged
+
+
+def format_table(summaries: list[dict], damaged: list[Path] = ()) -> str:
+    """norm x depth table of a sweep: final loss, eval loss, excess loss, status; then the unreadable
+    summaries, by path (a damaged record is reported, never silently left out)."""
+    unreadable = [f"unreadable: {path} (damaged summary.json; re-run that run with resume=false)" for path in damaged]
     if not summaries:
-        return "(no runs)"
+        return "\n".join(["(no runs)", *unreadable])
     rows = sorted(summaries, key=lambda s: (s["depth"], s["norm"], s["run_name"]))
     width = max(len(s["run_name"]) for s in rows)
     header = f"{'run':<{width}} {'norm':<10} {'depth':>5} {'final':>7} {'eval':>7} {'excess':>7} {'learned':>7}  status"
@@ -91,4 +100,4 @@ def format_table(summaries: list[dict]) -> str:
     if len(optimal) == 1 and len(unigram) == 1:
         lines.append(f"optimal loss {optimal.pop():.3f}, unigram (token frequencies only) {unigram.pop():.3f}; "
                      "learned = share of the gap between them that the run closed")
-    return "\n".join(lines)
+    return "\n".join([*lines, *unreadable])

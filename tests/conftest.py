@@ -45,12 +45,51 @@ def tiny(runs_root):
     return [*TINY, f"paths.runs={runs_root}", "logger=none"]
 
 
-def run_cli(*args, timeout=300, env_extra=None):
+def run_cli(*args, timeout=300, env_extra=None, cwd=REPO):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "deepnorm_exp", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "deepnorm_exp", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
 def cli():
     return run_cli
+
+
+HOOKS = REPO / "tests" / "hooks"
+
+
+class PausedRun:
+    """`python -m deepnorm_exp <args>` that stops at the end of training step `step` (before any callback
+    sees it) until `resume()`: the test acts at a known point instead of racing the run (tests/hooks)."""
+
+    def __init__(self, args, step: int, directory: Path, env_extra=None):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", "PYTHONPATH": path,
+               "DEEPNORM_TEST_PAUSE_AT": str(step), "DEEPNORM_TEST_PAUSE_DIR": str(self.directory),
+               **(env_extra or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", *args], cwd=REPO, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait_paused(self, timeout: float = 300) -> int:
+        """The pid of the process that paused (a launcher's worker may be another process than ours)."""
+        import time
+
+        paused = self.directory / "paused"
+        deadline = time.monotonic() + timeout
+        while not paused.exists():
+            if self.proc.poll() is not None:
+                out, err = self.proc.communicate()
+                raise AssertionError(f"the run ended before pausing:\n{err[-3000:]}")
+            assert time.monotonic() < deadline, "the run never reached the pause"
+            time.sleep(0.02)
+        return int(paused.read_text())
+
+    def resume(self) -> None:
+        (self.directory / "go").touch()
+
+    def finish(self, timeout: float = 300) -> subprocess.CompletedProcess:
+        out, err = self.proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)

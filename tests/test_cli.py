@@ -1,7 +1,6 @@
 """End-to-end runs of tiny models through the real command line (`python -m deepnorm_exp`)."""
 
 import json
-import time
 
 import pytest
 
@@ -60,17 +59,14 @@ def test_a_diverging_run_exits_zero_and_says_so(cli, tiny, runs_root):
 @pytest.mark.parametrize("bad", [["norm=nope"], ["model=nope"], ["depth=0"], ["depth=x"], ["train.steps=-1"],
                                  ["train.batch_size=0"], ["train.seq_len=0"], ["train.lr=0"],
                                  ["model.n_heads=3"], ["train.seq_len=999"], ["-m", "norm=post,nope"]])
-def test_bad_input_exits_fast_with_one_line_and_no_run_directory(cli, tiny, runs_root, bad):
-    started = time.perf_counter()
+def test_bad_input_exits_with_one_line_before_any_run_directory(cli, tiny, runs_root, bad):
     bad_keys = {b.split("=")[0] for b in bad}
     result = cli(*bad, *[t for t in tiny if t.split("=")[0] not in bad_keys])
-    elapsed = time.perf_counter() - started
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "Traceback" not in result.stderr + result.stdout
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("deepnorm_exp: error: "), result.stderr
-    assert not runs_root.exists()
-    assert elapsed < 10, elapsed
+    assert not runs_root.exists()  # refused before anything ran: not even the runs root was made
 
 
 def test_wandb_offline_run_lands_in_the_run_directory(cli, tiny, runs_root):

@@ -106,15 +106,24 @@ def test_loss_ignores_padding_and_counts_target_tokens():
     assert both.loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
-def test_greedy_decode_stops_at_eos_and_pads():
+def test_greedy_decode_stops_at_eos_and_pads(monkeypatch):
+    """A scripted decoder (an untrained one may never emit EOS): row 0 ends at its 2nd token, row 1 at its
+    4th; decoding stops once both have, and what follows an EOS is padding."""
     model, _ = encdec("depth=1")
     model.eval()
     src, _ = batch()
-    out = model.greedy_decode(src, max_len=5)
-    assert out.shape[0] == 2 and out.shape[1] <= 6 and (out[:, 0] == BOS).all()
-    for row in out.tolist():
-        if EOS in row:
-            assert all(t == PAD for t in row[row.index(EOS) + 1:])
+    eos_at = {0: 2, 1: 4}
+
+    def scripted(out, memory, mask):
+        position = out.shape[1]  # the token this call chooses (BOS is position 0)
+        logits = torch.zeros(out.shape[0], out.shape[1], model.cfg.vocab_size)
+        for row in range(out.shape[0]):
+            logits[row, -1, EOS if position == eos_at[row] else 10 + position] = 1.0
+        return logits
+
+    monkeypatch.setattr(model, "decode", scripted)
+    out = model.greedy_decode(src, max_len=8)
+    assert out.tolist() == [[BOS, 11, EOS, PAD, PAD], [BOS, 11, 12, 13, EOS]]
 
 
 def test_encoder_depth_is_rejected_for_the_decoder_only_model():

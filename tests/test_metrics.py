@@ -80,7 +80,7 @@ def test_model_update_after_one_sgd_step_matches_the_hand_computation(norm):
     per_position = ((f1 - f0) ** 2).sum(-1)
     expected = math.sqrt(per_position.sum().item() / per_position.numel())
 
-    trainer, capture = sgd_trainer(model, batch, [ModelUpdate(Probe(probe_batch, 2, CPU), every=1)])
+    trainer, capture = sgd_trainer(model, batch, [ModelUpdate(Probe(probe_batch, 2, CPU), every=1, model=model)])
     trainer.fit()
     got = capture.records[1]
     assert expected > 1e-4  # the step moved the output, so the comparison means something
@@ -103,7 +103,7 @@ def _features_with(model, params, batch):
 def test_model_update_step_measures_only_the_last_step():
     model = tiny("norm=pre", "depth=2")
     probe = Probe(lm_batch(n=2, seed=7), 2, CPU)
-    trainer, capture = sgd_trainer(model, lm_batch(), [ModelUpdate(probe, every=1)], lr=0.05, steps=3)
+    trainer, capture = sgd_trainer(model, lm_batch(), [ModelUpdate(probe, every=1, model=model)], lr=0.05, steps=3)
     snapshots = []
 
     class Snap(Callback):

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from deepnorm_exp.summary import format_table, learned_fraction, load_summaries, write_summary
+from deepnorm_exp.summary import format_table, learned_fraction, load_summaries, read_summary, write_summary
 
 
 def test_learned_fraction_spans_unigram_to_optimal():
@@ -16,9 +16,28 @@ def test_learned_fraction_spans_unigram_to_optimal():
     assert learned_fraction(float("nan"), unigram=4.0, optimal=2.0) is None
 
 
-def test_summary_json_has_no_nan(tmp_path):
-    write_summary(tmp_path / "summary.json", {"eval_loss": float("nan"), "final_loss": math.inf, "depth": 3})
-    assert json.loads((tmp_path / "summary.json").read_text()) == {"eval_loss": None, "final_loss": None, "depth": 3}
+def test_summary_json_is_strict_json_and_keeps_non_finite_values(tmp_path):
+    write_summary(tmp_path / "summary.json", {"eval_loss": float("nan"), "final_loss": math.inf, "depth": 3,
+                                              "divergence": {"loss": float("nan")}})
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    raw = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
+    assert raw == {"eval_loss": "nan", "final_loss": "inf", "depth": 3, "divergence": {"loss": "nan"}}
+    back = read_summary(tmp_path / "summary.json")
+    assert math.isnan(back["eval_loss"]) and back["final_loss"] == math.inf and math.isnan(back["divergence"]["loss"])
+
+
+def test_a_damaged_summary_is_listed_by_path_under_the_table(tmp_path):
+    for s in (summary("pre", 6), summary("post", 6)):
+        (tmp_path / s["run_name"]).mkdir()
+        write_summary(tmp_path / s["run_name"] / "summary.json", s)
+    (tmp_path / "post-L6-s0" / "summary.json").write_bytes(b"\x00" * 100)
+    summaries, damaged = load_summaries(tmp_path)
+    assert [s["run_name"] for s in summaries] == ["pre-L6-s0"]
+    assert damaged == [tmp_path / "post-L6-s0" / "summary.json"]
+    assert format_table(summaries, damaged).splitlines()[-1].startswith(f"unreadable: {damaged[0]}")
 
 
 def summary(norm, depth, status="completed", trained=True, **extra):
@@ -32,7 +51,7 @@ def test_table_orders_by_depth_and_marks_untrained_and_diverged(tmp_path):
               summary("deepnorm", 6, status="diverged", step=17)):
         (tmp_path / s["run_name"]).mkdir()
         write_summary(tmp_path / s["run_name"] / "summary.json", s)
-    lines = format_table(load_summaries(tmp_path)).splitlines()
+    lines = format_table(*load_summaries(tmp_path)).splitlines()
     assert [line.split()[0] for line in lines[2:6]] == ["deepnorm-L6-s0", "post-L6-s0", "post-L48-s0", "pre-L48-s0"]
     assert lines[2].endswith("diverged @17") and lines[4].endswith("(untrained)")
     assert "optimal loss 2.700" in lines[-1]

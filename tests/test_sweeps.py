@@ -4,12 +4,11 @@ at once, and the stability-frontier sweeper, end to end through the real CLI on 
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, PausedRun, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +29,9 @@ def test_launcher_sweep_records_every_job_and_a_failing_job_does_not_stop_the_re
     tiny = [o for o in tiny if not o.startswith(("train.batch_size=", "data.train_sequences="))]
     result = run_cli("-m", f"hydra/launcher={launcher}", "norm=post,deepnorm", "train.batch_size=4,64",
                      *tiny, "data.train_sequences=32", timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # Every job ran; the command then says which failed and exits non-zero (a diverged run would be a result).
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "2 of 4 runs failed" in result.stderr.splitlines()[-1] and "Traceback" not in result.stderr
     runs = summaries(runs_root / "default")
     assert len(runs) == 4
     statuses = {name: s["status"] for name, s in runs.items()}
@@ -51,12 +52,9 @@ def test_rerunning_a_finished_sweep_launches_nothing(tiny, runs_root):
     first = run_cli("-m", "norm=post,pre", *tiny)
     assert first.returncode == 0, first.stderr
     before = {n: s["wall_s"] for n, s in summaries(runs_root / "default").items()}
-    started = time.perf_counter()
     again = run_cli("-m", "norm=post,pre", *tiny)
-    elapsed = time.perf_counter() - started
-    assert again.returncode == 0 and "already finished" in again.stdout
+    assert again.returncode == 0 and "already finished" in again.stdout  # nothing launched, nothing trained
     assert {n: s["wall_s"] for n, s in summaries(runs_root / "default").items()} == before
-    assert elapsed < 15, elapsed  # composing and checking the jobs only
     # Adding a grid point runs only the new job.
     grown = run_cli("-m", "norm=post,pre,deepnorm", *tiny)
     after = summaries(runs_root / "default")
@@ -114,22 +112,15 @@ def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_u
             "metrics.layer_every=0", "model.dropout=0.1"]
     straight = run_cli(*args, f"paths.runs={runs_root / 'straight'}")
     assert straight.returncode == 0, straight.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", "-m", "hydra/launcher=submitit_local", *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, task = time.time() + 120, None
-    while time.time() < deadline and task is None:
-        metrics = list((runs_root / "default").glob("*/metrics.jsonl"))
-        if metrics and len(metrics[0].read_text().splitlines()) > 200:
-            (controller,) = [p.name for p in (runs_root / "default" / ".submitit").iterdir() if p.name.isdigit()]
-            task = int(Path(f"/proc/{controller}/task/{controller}/children").read_text().split()[0])
-        time.sleep(0.05)
-    assert task is not None, "the job never got going"
+    run = PausedRun(["-m", "hydra/launcher=submitit_local", *args], step=200, directory=runs_root.parent / "pause")
+    task = run.wait_paused()  # submitit's job process, paused at step 200
     os.kill(task, signal.SIGUSR2)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
+    run.resume()
+    result = run.finish(timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = [m.parent for m in (runs_root / "default").glob("*/metrics.jsonl")]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["resumed_from_step"] > 200
+    assert summary["status"] == "completed" and summary["resumed_from_step"] == 200
     log = "".join(p.read_text() for p in (runs_root / "default" / ".submitit").glob("*/*_log.out"))
     assert "Requeued job" in log
     lines = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]

@@ -2,15 +2,22 @@
 
 A root is any directory above run directories: `runs/`, `runs/<experiment>/`, or one run's directory.
 A run directory is one holding `summary.json` (a run that crashed before writing one is not listed).
+Records are decoded by `records.py` (a NaN loss is a float NaN); a damaged file is named in a warning and
+skipped (a damaged line of a JSON-lines file, alone), never allowed to stop the analysis of the others.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from pathlib import Path
 from typing import Optional
 import pandas as pd
 from omegaconf import OmegaConf
+
+from .. import records
+from ..summary import read_summary
+
+log = logging.getLogger("deepnorm_exp")
 
 RUN_KEYS = ("experiment", "run_name", "norm", "depth", "seed")  # carried onto every per-step or per-layer row
 
@@ -34,14 +41,26 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     run's whole config flattened to dotted columns (`train.lr`, `model.d_model`, ...), and `run_dir`."""
     rows = []
     for run_dir in run_dirs(root):
-        row = _flat("", json.loads((run_dir / "summary.json").read_text()))
-        config_file = run_dir / "config.yaml"
-        config = OmegaConf.to_container(OmegaConf.load(config_file)) if config_file.is_file() else {}
-        for key, value in _flat("", config or {}).items():
+        summary = read_summary(run_dir / "summary.json")
+        if summary is None:
+            continue  # damaged: read_summary named it
+        row = _flat("", summary)
+        for key, value in _flat("", _config(run_dir / "config.yaml")).items():
             row.setdefault(key, value)  # summary fields win: depth, seed are the same in both
         row["run_dir"] = str(run_dir)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _config(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as e:  # noqa: BLE001 - any YAML or OmegaConf error: the file is damaged
+        log.warning("%s is damaged; its run is listed without its config (%s)", path, type(e).__name__)
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _per_run(runs: pd.DataFrame, read) -> pd.DataFrame:
@@ -54,9 +73,8 @@ def _per_run(runs: pd.DataFrame, read) -> pd.DataFrame:
 
 
 def read_jsonl(path: Path) -> pd.DataFrame:
-    if not path.is_file():
-        return pd.DataFrame()
-    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    """A JSON-lines record file as a DataFrame ("nan"/"inf" read back as floats; damaged lines skipped)."""
+    return pd.DataFrame(records.read_jsonl(path))
 
 
 def load_scalars(runs: pd.DataFrame) -> pd.DataFrame:
@@ -80,7 +98,9 @@ def load_frontier(root: str | Path) -> pd.DataFrame:
     """The cells of every `frontier.json` under `root` (hydra/sweeper=frontier), one row per cell."""
     rows = []
     for path in sorted(Path(root).rglob("frontier.json")):
-        report = json.loads(path.read_text())
+        report = records.read_json(path)
+        if not isinstance(report, dict) or "cells" not in report:
+            continue
         for cell in report["cells"]:
             rows.append({**cell, "sweep_dir": str(path.parent), "runs_spent": report["runs_spent"],
                          "grid_runs": report["grid_runs"], "lr_min": report["lr_min"], "lr_max": report["lr_max"]})

@@ -11,6 +11,8 @@ without tokenizing; a changed one builds a new entry; a failed build leaves noth
 
 from __future__ import annotations
 
+import codecs
+import functools
 import glob
 import json
 import os
@@ -25,7 +27,7 @@ from omegaconf import MISSING
 from ..errors import ConfigError
 from ..runlock import FileLock
 from . import TaskData, register, unigram_loss_from_counts
-from .cache import cache_key, cached_dir
+from .cache import cache_key, load_entry
 from .hub import load_hub
 from .packing import TokenBlocks, blocks_table, pack, token_stream
 from .tokenizer import BYTE_VOCAB, BpeTokenizer, ByteTokenizer, quiet_fork_warnings
@@ -135,7 +137,7 @@ class TokenStream:
     def entry(self) -> Path:
         key = cache_key(self.cfg.name, {**self.split_identity(), "tokenizer": self.cfg.tokenizer,
                                         "vocab_size": self.cfg.vocab_size, "seq_len": self.cfg.seq_len})
-        return cached_dir(self.cache_dir / "data" / key, self.build)
+        return self.cache_dir / "data" / key
 
     def build(self, directory: Path) -> None:
         from datasets import Dataset, DatasetDict
@@ -168,9 +170,11 @@ class TokenStream:
             tokenizer.tokenizer.save(str(directory / "tokenizer.json"))
 
     def load(self, task: str) -> TaskData:
+        return load_entry(self.entry(), self.build, lambda entry: self._read(entry, task))
+
+    def _read(self, path: Path, task: str) -> TaskData:
         from datasets import load_from_disk
 
-        path = self.entry()
         data, meta = load_from_disk(str(path)), json.loads((path / "meta.json").read_text())
         eval_tokens = TokenBlocks(data["eval"])[torch.arange(min(self.cfg.eval_blocks, len(data["eval"])))]
         counts = torch.tensor(meta["train_target_counts"])
@@ -190,12 +194,42 @@ class TextConfig(TokenStreamConfig):
     name: str = "text"
     files: Any = None  # a path or glob, or a list of them; each must exist and hold text
     sample_by: str = "line"  # what one document is: line | paragraph | document (datasets' text loader)
+    encoding: str = "utf-8"  # of the files; latin-1 reads any bytes (binary files included)
 
     def __post_init__(self):
         super().__post_init__()
         if self.sample_by not in ("line", "paragraph", "document"):
             raise ConfigError("sample_by", self.sample_by, "choose one of: line, paragraph, document")
-        resolved_files(self)  # missing or empty files fail here, before any compute
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise ConfigError("encoding", self.encoding, "not a text encoding Python knows "
+                              "(e.g. utf-8, latin-1, cp1252)") from None
+        for path in resolved_files(self):  # missing, empty or undecodable files fail here, before any compute
+            undecodable = first_undecodable(path, os.path.getsize(path), os.stat(path).st_mtime_ns, self.encoding)
+            if undecodable is not None:
+                raise ConfigError("files", path, f"is not {self.encoding} text: {undecodable}; set data.encoding to "
+                                  f"the file's encoding (data.encoding=latin-1 reads any bytes)")
+
+
+@functools.lru_cache(maxsize=256)
+def first_undecodable(path: str, size: int, mtime_ns: int, encoding: str) -> str | None:
+    """Where `path` stops decoding as `encoding` ("byte offset N (b'\\xe9')"), or None; decoded in 1 MiB
+    chunks (~0.2 s per 100 MB), once per process for an unchanged file (size and mtime are the cache key)."""
+    decoder = codecs.getincrementaldecoder(encoding)()
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            pending = len(decoder.getstate()[0])  # bytes of a character the last chunk cut in two
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:  # e.start counts from the pending bytes
+                where = offset - pending + e.start
+                return f"byte offset {where} ({e.object[e.start:e.start + 4]!r}) does not decode"
+            if not chunk:
+                return None
+            offset += len(chunk)
 
 
 def resolved_files(cfg: TextConfig) -> list[str]:
@@ -224,7 +258,8 @@ class TextFiles(TokenStream):
     Config = TextConfig
 
     def identity(self) -> dict:
-        return {"files": _file_identity(resolved_files(self.cfg)), "sample_by": self.cfg.sample_by}
+        return {"files": _file_identity(resolved_files(self.cfg)), "sample_by": self.cfg.sample_by,
+                "encoding": self.cfg.encoding}
 
     def source_key(self) -> tuple[str, Any]:
         return "data.files", self.cfg.files
@@ -233,7 +268,7 @@ class TextFiles(TokenStream):
         from datasets import load_dataset
 
         docs = load_dataset("text", data_files={"train": resolved_files(self.cfg)}, sample_by=self.cfg.sample_by,
-                            split="train")
+                            encoding=self.cfg.encoding, split="train")
         return self.hold_out(docs)
 
 

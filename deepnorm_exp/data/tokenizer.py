@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from ..files import atomic_path
+from ..records import atomic_path
 from .translation import BOS, EOS, PAD, SPECIALS
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # ids PAD, BOS, EOS in this order

@@ -34,7 +34,7 @@ def build_instruments(cfg, log_every: int, model: nn.Module, eval_tensors: dict[
         instruments.append(ParameterUpdates(blocks, log_every if cfg.update_norm else 0,
                                             cfg.layer_every if layer_updates else 0))
     if cfg.model_update:
-        instruments.append(ModelUpdate(probe, log_every))
+        instruments.append(ModelUpdate(probe, log_every, model))
     if activations:
         instruments.append(ActivationStats(index, probe, cfg.layer_every))
     return instruments, index

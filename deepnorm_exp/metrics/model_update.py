@@ -15,13 +15,12 @@ class ModelUpdate(Callback):
     Costs two forwards of the probe batch per logged step (one before the update, one after), none between.
     """
 
-    def __init__(self, probe: Probe, every: int):
+    def __init__(self, probe: Probe, every: int, model):
+        """`model` must hold theta_0: it is built before a checkpoint is restored, so a resumed run that
+        switches this metric on measures from the same reference as a run that had it on from the start."""
         self.probe, self.every = probe, every
-        self.initial = self.previous = None
-
-    def on_train_start(self, trainer: Trainer) -> None:
-        if self.initial is None:  # a resumed run brings theta_0's output from its checkpoint
-            self.initial = self.probe.features(trainer.model)
+        self.initial = probe.features(model)
+        self.previous = None
 
     def state_dict(self) -> dict:
         return {"initial": self.initial}

@@ -18,6 +18,8 @@ log = logging.getLogger("deepnorm_exp")
 class Sink:
     """Every method is optional: a sink overrides the records it keeps."""
 
+    name = "sink"  # what a checkpoint files its state under: unique among a run's sinks
+
     def log(self, record: dict) -> None:
         """Scalars of one step: {"step": int, name: float, ...}."""
 
@@ -46,7 +48,7 @@ class Guarded(Sink):
     (closed best-effort, so a W&B run is not left open for the next run of a multirun to collide with)."""
 
     def __init__(self, name: str, make):
-        self.name, self.sink = name, None
+        self.name, self.sink = name, None  # name: the service's, in warnings and checkpoints
         self._call("start", make)
 
     def _call(self, what: str, fn, *args) -> None:
@@ -58,7 +60,7 @@ class Guarded(Sink):
             log.warning("%s %s failed (%s: %s); continuing with the local records only",
                         self.name, what, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             broken, self.sink = self.sink, None
-            if broken is not None and what != "finish":
+            if broken is not None:
                 try:
                     broken.close()
                 except Exception:  # noqa: BLE001 - already warned; nothing more to do for it

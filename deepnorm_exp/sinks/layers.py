@@ -8,18 +8,26 @@ at 1,000 layers a file is ~2,000 rows, tens of kB.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 
-from ..files import atomic_path
+from ..records import atomic_path
 from . import Sink
+
+log = logging.getLogger("deepnorm_exp")
 
 
 class LayerFileSink(Sink):
+    name = "layers"
+
     def __init__(self, directory: Path):
         self.directory = directory
-        self.last_step: int | None = None
+        self.steps: list[int] = []  # the steps this run wrote a file for, in order
+
+    def path(self, step: int) -> Path:
+        return self.directory / f"step_{step:07d}.parquet"
 
     def log_layers(self, step: int, table: dict[str, np.ndarray]) -> None:
         import pyarrow as pa
@@ -28,18 +36,25 @@ class LayerFileSink(Sink):
         self.directory.mkdir(exist_ok=True)
         rows = len(next(iter(table.values())))
         columns = {"step": np.full(rows, step, dtype=np.int64), **table}
-        with atomic_path(self.directory / f"step_{step:07d}.parquet") as temporary:
+        with atomic_path(self.path(step)) as temporary:
             pq.write_table(pa.table(columns), temporary)
-        self.last_step = step
+        self.steps.append(step)
 
     def state_dict(self) -> dict:
-        return {"last_step": self.last_step}
+        return {"steps": list(self.steps)}
 
     def load_state_dict(self, state: dict) -> None:
-        last = -1 if state["last_step"] is None else state["last_step"]
+        """Delete what a crashed attempt wrote after the checkpoint; name the files the checkpoint knows
+        that are gone (measurements cannot be rebuilt: they are missing from the record, and said so)."""
+        self.steps = list(state["steps"])
+        last = self.steps[-1] if self.steps else -1
         for path in self.directory.glob("step_*.parquet"):
             if int(path.stem.split("_")[1]) > last:
                 path.unlink()
+        missing = [step for step in self.steps if not self.path(step).is_file()]
+        if missing:
+            log.warning("%s: the per-layer files of step(s) %s are missing; the resumed run goes on without them",
+                        self.directory, ", ".join(map(str, missing)))
 
 
 def load_layers(run_dir: Path):
@@ -50,5 +65,12 @@ def load_layers(run_dir: Path):
     if not directory.is_dir() or not any(directory.glob("step_*.parquet")):
         return pd.DataFrame()
     # One file per step; columns differ where a step measured less (step 0 has no gradients): concat aligns.
-    frames = [pd.read_parquet(path) for path in sorted(directory.glob("step_*.parquet"))]
+    frames = []
+    for path in sorted(directory.glob("step_*.parquet")):
+        try:
+            frames.append(pd.read_parquet(path))
+        except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on a damaged file
+            log.warning("%s is damaged and was skipped (%s)", path, type(e).__name__)
+    if not frames:
+        return pd.DataFrame()
     return pd.concat(frames, ignore_index=True).sort_values(["step", "position"], ignore_index=True)

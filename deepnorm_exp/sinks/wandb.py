@@ -110,4 +110,11 @@ class WandbSink(Sink):
         self.run.finish(exit_code=0 if summary.get("status") != "failed" else 1)
 
     def close(self) -> None:
-        self.run.finish(exit_code=1)
+        """After a failure (W&B's service died, a disk filled): end what can be ended, quietly. The service
+        connection is torn down here too, or W&B's own exit hook would try again at exit and print the same
+        failure as a traceback."""
+        for end in (lambda: self.run.finish(exit_code=1), self.wandb.teardown):
+            try:
+                end()
+            except Exception:  # noqa: BLE001 - already reported once by Guarded
+                pass

@@ -110,6 +110,15 @@ class DivergenceDetector(Callback):
         if trainer.record:  # installed after the callbacks that gather, before the flusher
             self.last_logged = {"step": out.step, **trainer.record}
 
+    def weights_evaluated(self, step: int) -> str:
+        """Which weights a run that stopped after `step` optimizer steps holds (what its eval_loss measured)."""
+        if self.event is None:
+            return f"the final weights (step {step})"
+        if self.event["reason"].startswith("non-finite"):
+            return f"the last healthy weights (step {step}; the non-finite step {self.event['step']} was not applied)"
+        return (f"the weights after step {step}: they include the updates of the {self.patience - 1} step(s) whose "
+                f"loss was already above {self.factor:g}x its minimum before the spike rule stopped the run")
+
     def state_dict(self) -> dict:
         return {key: getattr(self, key) for key in ("best", "above", "event", "last_healthy", "last_logged")}
 
@@ -173,12 +182,13 @@ class RecordFlusher(Callback):
         trainer.layer_record.clear()
 
     def state_dict(self) -> dict:
-        """Each sink's position (bytes written, last step), so a resumed run cuts what came after."""
-        return {"sinks": [sink.state_dict() for sink in self.sinks]}
+        """Each sink's records so far, by sink name, so a resumed run continues exactly from there."""
+        return {"sinks": {sink.name: sink.state_dict() for sink in self.sinks}}
 
     def load_state_dict(self, state: dict) -> None:
-        for sink, sink_state in zip(self.sinks, state["sinks"]):
-            sink.load_state_dict(sink_state)
+        for sink in self.sinks:
+            if sink.name in state["sinks"]:
+                sink.load_state_dict(state["sinks"][sink.name])
 
     def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
         if trainer.stop_reason is not None:  # the divergence record: written the moment it happens

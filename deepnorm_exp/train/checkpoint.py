@@ -3,20 +3,30 @@
 One file, `checkpoint.pt` in the run directory, replaced atomically (written to a temporary name, then
 renamed): a kill at any moment leaves either the previous checkpoint or the new one. It holds the model,
 optimizer and scheduler, the step, every random number generator the run draws from (torch CPU and CUDA,
-Python, NumPy), the batch order's position, and each callback's state (metric accumulators, the model
-update's reference output, the sinks' positions in their files).
+Python, NumPy), the batch order's position, and each callback's state by the callback's name (metric
+accumulators, the sinks' records so far).
+
+A checkpoint is verified before it is used. torch.load alone would load a file whose tensor bytes were
+flipped on disk and train on from wrong weights without a word; the file is a zip archive with a CRC-32 per
+record (torch writes them), so `load` checks every record against its CRC first, and a damaged file is one
+line naming it (`RecordError`), never a traceback and never silently wrong weights.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..files import atomic_path
+from ..errors import RecordError, first_line
+from ..records import atomic_path
 from .trainer import Callback, StepOutput, Trainer
+
+log = logging.getLogger("deepnorm_exp")
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -42,30 +52,83 @@ def trainer_state(trainer: Trainer) -> dict:
         "scheduler": trainer.scheduler.state_dict(),
         "batches": trainer.batches.state_dict(),
         "rng": rng_state(),
-        "callbacks": [callback.state_dict() for callback in trainer.callbacks],
+        "callbacks": {callback.name: callback.state_dict() for callback in trainer.callbacks},
     }
+
+
+class _KeepWriteError:
+    """The file torch.save writes through. torch's zip writer turns a failed write into a RuntimeError
+    about stream positions; this keeps the OSError underneath (a full disk must say so)."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def save(path: Path, state: dict) -> None:
     with atomic_path(path) as temporary:
-        torch.save(state, temporary)
+        with open(temporary, "wb") as f:
+            writer = _KeepWriteError(f)
+            try:
+                torch.save(state, writer)
+            except RuntimeError:
+                if writer.error is None:
+                    raise
+                raise OSError(writer.error.errno, writer.error.strerror, str(path)) from None
 
 
-def load(path: Path, device: torch.device) -> dict:
-    # weights_only=False: the state holds Python RNG tuples and NumPy arrays; the file is the run's own.
-    return torch.load(path, map_location=device, weights_only=False)
+def verify(path: Path) -> None:
+    """Raise RecordError unless every record of the checkpoint archive matches its CRC-32."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()  # reads every record and checks its CRC
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:  # truncated, or not an archive at all
+        raise damaged(path, f"{type(e).__name__}: {first_line(e)}") from None
+    if bad is not None:
+        raise damaged(path, f"record {bad} fails its CRC check")
+
+
+def damaged(path: Path, why: str) -> RecordError:
+    return RecordError(f"{path} is damaged ({why}); delete it to start this run over, or resume=false")
+
+
+def load(path: Path) -> dict:
+    """The verified checkpoint at `path`, on the CPU: random-number states must be CPU tensors, and the
+    model and optimizer states are copied to the device by their `load_state_dict`."""
+    verify(path)
+    try:
+        # weights_only=False: the state holds Python RNG tuples and NumPy arrays; the file is the run's own.
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - whatever unpickling a damaged file raises
+        raise damaged(path, f"{type(e).__name__}: {first_line(e)}") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise damaged(path, "not a checkpoint of this harness")
+    return state
 
 
 def restore(trainer: Trainer, state: dict) -> None:
-    """Put a freshly built trainer (same config, same callbacks in the same order) where `state` left off."""
+    """Put a freshly built trainer (same config) where `state` left off. Callbacks are matched by name: one
+    that the checkpoint does not know starts fresh (a metric switched on for the resumed run), a saved one
+    that this run does not install is dropped (a metric switched off)."""
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.batches.load_state_dict(state["batches"])
-    if len(state["callbacks"]) != len(trainer.callbacks):
-        raise RuntimeError("checkpoint callbacks do not match this run's; start over with resume=false")
-    for callback, callback_state in zip(trainer.callbacks, state["callbacks"]):
-        callback.load_state_dict(callback_state)
+    saved = state["callbacks"]
+    for callback in trainer.callbacks:
+        if callback.name in saved:
+            callback.load_state_dict(saved[callback.name])
+        else:
+            log.info("%s: not in the checkpoint, starts fresh at step %d", callback.name, state["step"])
     trainer.step = state["step"]
     set_rng_state(state["rng"])
 

@@ -34,6 +34,11 @@ def is_due(step: int, every: int, last_step: int) -> bool:
 
 
 class Callback:
+    @property
+    def name(self) -> str:
+        """What a checkpoint files this callback's state under: unique among a trainer's callbacks."""
+        return type(self).__name__
+
     def on_train_start(self, trainer: "Trainer") -> None: ...
 
     def after_backward(self, trainer: "Trainer", out: StepOutput) -> None:
@@ -94,6 +99,12 @@ class Trainer:
     record: dict = field(default_factory=dict)  # scalars
     layer_record: dict = field(default_factory=dict)  # per-layer vectors, one value per residual block
     events: list = field(default_factory=list)  # things that happened (a divergence), written at once
+
+    def __post_init__(self):
+        names = [callback.name for callback in self.callbacks]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:  # checkpoints keep callback state by name: two of one name would share it
+            raise ValueError(f"callbacks need distinct names (override `name`): {', '.join(duplicates)}")
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason

@@ -12,7 +12,6 @@ have cost. The search itself is deepnorm_exp/frontier.py.
 
 # No `from __future__ import annotations`: Hydra's plugin scan imports this module without registering it
 # in sys.modules, and dataclasses then cannot resolve string annotations.
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
+
+from deepnorm_exp.records import write_json
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class FrontierSweeper(Sweeper):
                       for cell in found],
             "runs_spent": launched, "grid_runs": per_cell_grid * len(found),
         }
-        (sweep_dir / "frontier.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_json(sweep_dir / "frontier.json", report)
         log.info(format_frontier(report))
         print(format_frontier(report), flush=True)
         return report

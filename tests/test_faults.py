@@ -1,0 +1,481 @@
+"""Records under faults: collisions, damaged files, full and read-only disks, kills, Ctrl-C, a dying W&B
+service, hostile input. Each test names the numbered point of issue 13 it covers; each failed before the
+fix it guards."""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import deepnorm_exp
+from deepnorm_exp import records
+from deepnorm_exp.errors import ConfigError, RecordError
+from deepnorm_exp.run import run_experiment
+from deepnorm_exp.train import checkpoint
+from deepnorm_exp.train.trainer import Callback
+
+from conftest import TINY, TINY_MODEL, PausedRun, run_cli, write_text
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+class CrashAt(Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, trainer, out):
+        if out.step == self.step:
+            raise SimulatedCrash
+
+
+def config(root, *overrides):
+    return deepnorm_exp.compose([*TINY, f"paths.runs={root}", "logger=none", *overrides])
+
+
+def one_error_line(result) -> str:
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("deepnorm_exp: error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    return errors[0]
+
+
+def only_run_dir(root: Path) -> Path:
+    (summary,) = root.glob("*/*/summary.json")
+    return summary.parent
+
+
+def losses(run_dir) -> list:
+    return [(r["step"], r["loss"]) for r in records.read_jsonl(Path(run_dir) / "metrics.jsonl") if "loss" in r]
+
+
+def mount_tmpfs(path: Path, size: str, read_only: bool = False):
+    """A small file system of our own (root only); None where this machine does not allow mounting."""
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    return path if done.returncode == 0 else None
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mounted = []
+
+    def mount(name, size="1m", read_only=False):
+        path = mount_tmpfs(tmp_path / name, size, read_only)
+        if path is None:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+# -- 1. a run directory belongs to one trained config ---------------------------------------------------
+@pytest.mark.slow
+def test_values_that_sanitise_alike_get_their_own_run_directories(tmp_path):
+    (tmp_path / "corp" / "a").mkdir(parents=True)
+    first = write_text(tmp_path / "corp" / "a" / "b.txt", lines=300, seed=1)
+    second = write_text(tmp_path / "corp" / "a_b.txt", lines=300, seed=2)
+    args = [*TINY_MODEL, "data=text", f"paths.runs={tmp_path / 'runs'}", "logger=none"]
+    for corpus in (first, second):
+        result = run_cli(*args, f"data.files={corpus.relative_to(tmp_path)}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "already completed" not in result.stdout + result.stderr
+    summaries = sorted((tmp_path / "runs" / "default").glob("*/summary.json"))
+    assert len(summaries) == 2  # two corpora, two runs, two results
+    from omegaconf import OmegaConf
+
+    assert {OmegaConf.load(p.parent / "config.yaml").data.files for p in summaries} == {"corp/a/b.txt", "corp/a_b.txt"}
+
+
+def test_a_finished_run_of_another_config_is_never_taken_as_the_result(tmp_path):
+    first = run_experiment(config(tmp_path, "data.seed=1"), progress=False)
+    assert first["status"] == "completed"
+    # Through the API there is no override list to name the directory by: the same directory, another config.
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(config(tmp_path, "data.seed=2"), progress=False)
+    assert refused.value.key == "data.seed" and "data.seed=1" in str(refused.value)
+    replaced = run_experiment(config(tmp_path, "data.seed=2", "resume=false"), progress=False)
+    assert replaced["status"] == "completed" and replaced["wall_s"] != first["wall_s"]
+
+
+@pytest.mark.slow
+def test_the_command_line_refuses_a_directory_claimed_by_another_config(tmp_path):
+    args = [*TINY, f"paths.runs={tmp_path}", "logger=none"]
+    assert run_cli(*args).returncode == 0
+    stored = only_run_dir(tmp_path) / "config.yaml"  # another config trained here (e.g. an older version's)
+    stored.write_text(stored.read_text().replace("train_sequences: 64", "train_sequences: 65"))
+    again = run_cli(*args)
+    assert again.returncode == 2
+    line = one_error_line(again)
+    assert "data.train_sequences=64" in line and "65" in line and "resume=false" in line
+
+
+# -- 2. a record file that does not match its checkpoint ----------------------------------------------------
+@pytest.mark.parametrize("damage", ["truncated", "deleted", "overwritten"])
+def test_resume_rebuilds_a_metrics_file_that_no_longer_matches_the_checkpoint(tmp_path, damage):
+    overrides = ["train.steps=12", "train.log_every=1", "train.ckpt_every=6", "train.eval_every=4"]
+    straight = run_experiment(config(tmp_path / "a", *overrides), progress=False)
+    with pytest.raises(SimulatedCrash):
+        run_experiment(config(tmp_path / "b", *overrides), progress=False, callbacks=[CrashAt(9)])
+    run_dir = only_run_dir(tmp_path / "b")
+    metrics = run_dir / "metrics.jsonl"
+    if damage == "truncated":
+        metrics.write_bytes(metrics.read_bytes()[:40])
+    elif damage == "deleted":
+        metrics.unlink()
+    else:
+        metrics.write_text('{"step": 1, "loss": 99.0}\n' * 3)
+    resumed = run_experiment(config(tmp_path / "b", *overrides), progress=False)
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 6
+    assert b"\x00" not in metrics.read_bytes()
+    assert losses(run_dir) == losses(straight["run_dir"]) and len(losses(run_dir)) == 12
+
+
+# -- 3. non-finite values: one encoding for every record file --------------------------------------------------
+def test_records_encode_non_finite_values_as_strings_at_any_depth_and_read_them_back(tmp_path):
+    value = {"loss": math.nan, "divergence": {"loss": math.inf, "last_healthy": {"grad_norm": -math.inf}},
+             "history": [1.0, math.nan]}
+    records.write_json(tmp_path / "r.json", value)
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    strict = json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)  # no bare NaN / Infinity
+    assert strict["divergence"]["loss"] == "inf" and strict["history"][1] == "nan"
+    back = records.read_json(tmp_path / "r.json")
+    assert math.isnan(back["loss"]) and back["divergence"]["loss"] == math.inf
+    assert back["divergence"]["last_healthy"]["grad_norm"] == -math.inf and math.isnan(back["history"][1])
+
+
+def test_a_nan_diverged_run_records_nan_and_analysis_reads_it_as_a_float(tmp_path):
+    summary = run_experiment(config(tmp_path, "norm=post", "depth=2", "train.lr=1e30", "train.warmup_steps=0",
+                                    "train.log_every=1"), progress=False)
+    assert summary["status"] == "diverged" and summary["divergence_reason"].startswith("non-finite")
+    raw = (Path(summary["run_dir"]) / "summary.json").read_text()
+    assert "NaN" not in raw and "Infinity" not in raw  # strict JSON
+    runs = deepnorm_exp.load_runs(tmp_path)
+    from deepnorm_exp.analysis import load_scalars
+
+    scalars = load_scalars(runs)
+    assert scalars["loss"].dtype.kind == "f" and scalars["loss"].isna().any()
+
+
+# -- 4. a full disk -------------------------------------------------------------------------------------------
+def test_a_failed_write_leaves_no_temporary(tmp_path):
+    target = tmp_path / "checkpoint.pt"
+    with pytest.raises(OSError):
+        with records.atomic_path(target) as temporary:
+            temporary.write_bytes(b"half")
+            raise OSError(28, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_start_removes_what_a_killed_write_left(tmp_path):
+    with pytest.raises(SimulatedCrash):
+        run_experiment(config(tmp_path, "train.ckpt_every=2"), progress=False, callbacks=[CrashAt(3)])
+    run_dir = only_run_dir(tmp_path)
+    left = [run_dir / ".checkpoint.pt.4242.tmp", run_dir / "layers" / ".step_0000002.parquet.4242.tmp"]
+    for path in left:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"\0" * 1000)
+    assert run_experiment(config(tmp_path, "train.ckpt_every=2"), progress=False)["status"] == "completed"
+    assert not any(path.exists() for path in left)
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_in_one_line_with_a_summary_and_the_rerun_is_not_blocked(tmp_path, tmpfs):
+    disk = tmpfs("disk", size="1m")  # room for the records, not for a 3.6 MB checkpoint of the default model
+    args = ["depth=6", "train.steps=4", "train.ckpt_every=2", "train.log_every=1", "logger=none",
+            f"paths.runs={disk}", f"paths.cache={tmp_path / 'cache'}", "metrics.layer_every=0"]
+    result = run_cli(*args)
+    assert result.returncode == 1
+    assert "No space left on device" in one_error_line(result)
+    run_dir = only_run_dir(disk)
+    summary = records.read_json(run_dir / "summary.json")
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+    assert summary["steps_completed"] == 2  # step 2 trained; its checkpoint is what failed
+    assert not list(disk.rglob("*.tmp"))  # the failed write gave its space back
+    rerun = run_cli(*args[:2], "train.ckpt_every=0", *args[3:])  # without checkpoints it fits
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert records.read_json(run_dir / "summary.json")["status"] == "completed"
+
+
+# -- 5. a damaged checkpoint ------------------------------------------------------------------------------------
+def flip_tensor_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside a tensor's bytes: torch.load alone reads it without a word
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_with_a_flipped_bit_is_refused_instead_of_training_from_wrong_weights(tmp_path):
+    state = {"step": 3, "w": torch.randn(200, 200)}
+    torch.save(state, tmp_path / "checkpoint.pt")
+    flip_tensor_byte(tmp_path / "checkpoint.pt")
+    loaded = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert not torch.equal(loaded["w"], state["w"])  # what verification guards against
+    with pytest.raises(RecordError, match="fails its CRC check"):
+        checkpoint.load(tmp_path / "checkpoint.pt")
+    (tmp_path / "checkpoint.pt").write_bytes((tmp_path / "checkpoint.pt").read_bytes()[:1000])
+    with pytest.raises(RecordError, match="checkpoint.pt is damaged"):
+        checkpoint.load(tmp_path / "checkpoint.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_a_damaged_checkpoint_is_one_line_every_time_and_resume_false_starts_over(tmp_path, damage):
+    args = [*TINY, "train.steps=40", "train.ckpt_every=10", "logger=none", f"paths.runs={tmp_path}"]
+    run = PausedRun(args, step=25, directory=tmp_path / "pause")
+    run.wait_paused()
+    run.proc.kill()
+    run.finish()
+    (saved,) = tmp_path.glob("default/*/checkpoint.pt")  # step 20's
+    run_dir = saved.parent
+    if damage == "flipped":
+        flip_tensor_byte(saved)
+    else:
+        saved.write_bytes(saved.read_bytes()[: saved.stat().st_size // 3])
+    for _ in range(2):  # the same one line on every re-run, never a traceback
+        again = run_cli(*args)
+        assert again.returncode == 1
+        line = one_error_line(again)
+        assert str(saved) in line and "resume=false" in line
+        assert records.read_json(run_dir / "summary.json")["status"] == "failed"
+    fresh = run_cli(*args, "resume=false")
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert records.read_json(run_dir / "summary.json")["status"] == "completed"
+
+
+# -- 6. a damaged data-cache entry ------------------------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["garbage", "flipped", "deleted"])
+def test_a_damaged_data_cache_entry_is_named_and_rebuilt(tmp_path, damage, caplog):
+    corpus = write_text(tmp_path / "corpus.txt", lines=300)
+    cfg = lambda seed: deepnorm_exp.compose([*TINY_MODEL, "data=text", f"data.files={corpus}", f"seed={seed}",
+                                             f"paths.runs={tmp_path / 'runs'}", "logger=none"])
+    assert run_experiment(cfg(0), progress=False)["status"] == "completed"
+    (arrow,) = (tmp_path / "runs" / ".cache" / "data").glob("text-*/train/*.arrow")
+    entry = arrow.parent.parent
+    if damage == "garbage":
+        arrow.write_bytes(b"not an arrow file" * 100)
+    elif damage == "flipped":
+        data = bytearray(arrow.read_bytes())
+        data[-200] ^= 0x01  # a token id: the file still loads, with a wrong token
+        arrow.write_bytes(bytes(data))
+    else:
+        arrow.unlink()
+    with caplog.at_level("WARNING", logger="deepnorm_exp"):
+        summary = run_experiment(cfg(1), progress=False)
+    assert summary["status"] == "completed"
+    warnings = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(warnings) == 1 and str(entry) in warnings[0]
+    from deepnorm_exp.data.cache import damage as damage_of
+
+    assert damage_of(entry) is None  # rebuilt whole
+
+
+# -- 7. another run's damaged summary -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_damaged_summary_is_named_and_does_not_stop_the_sweep_table_or_the_analysis(tmp_path):
+    args = [*TINY, f"paths.runs={tmp_path}", "logger=none"]
+    assert run_cli("-m", "norm=post,pre", *args).returncode == 0
+    (post,) = tmp_path.glob("default/post-*/summary.json")
+    post.write_text('{"status": "compl')  # cut short
+    result = run_cli("-m", "norm=deepnorm", *args)  # another run of the same experiment
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = result.stdout[result.stdout.index("run "):]
+    assert "deepnorm-L6" in table and "pre-L6" in table and f"unreadable: {post}" in table
+    runs = deepnorm_exp.load_runs(tmp_path / "default")
+    assert sorted(runs["norm"]) == ["deepnorm", "pre"]
+
+
+def test_damaged_lines_of_a_jsonl_record_are_skipped_and_named(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "lo\x00\x00\n{"step": 3, "loss": "nan"}\n')
+    with caplog.at_level("WARNING", logger="deepnorm_exp"):
+        got = records.read_jsonl(path)
+    assert [r["step"] for r in got] == [1, 3] and math.isnan(got[1]["loss"])
+    assert "line 2" in caplog.text and str(path) in caplog.text
+
+
+# -- 8. Ctrl-C, and W&B's service dying ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_records_interrupted_and_the_rerun_matches_an_uninterrupted_run(tmp_path):
+    args = [*TINY, "train.steps=60", "train.log_every=1", "train.ckpt_every=50", "logger=none", "threads=1"]
+    straight = run_cli(*args, f"paths.runs={tmp_path / 'a'}")
+    assert straight.returncode == 0
+    run = PausedRun([*args, f"paths.runs={tmp_path / 'b'}"], step=23, directory=tmp_path / "pause")
+    run.wait_paused()
+    run.proc.send_signal(signal.SIGINT)
+    run.resume()
+    result = run.finish()
+    assert result.returncode == 130 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path / "b")
+    summary = records.read_json(run_dir / "summary.json")
+    assert summary["status"] == "interrupted" and summary["steps_completed"] == 23
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] == 23
+    rerun = run_cli(*args, f"paths.runs={tmp_path / 'b'}")
+    assert rerun.returncode == 0
+    assert losses(run_dir) == losses(only_run_dir(tmp_path / "a"))
+
+
+def wandb_service_pids(parent: int) -> list[int]:
+    """Processes started below `parent` whose command line names W&B's service."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ancestor = int(entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if "wandb" in command and ancestor == parent:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_wandb_service_dying_mid_run_is_one_warning_and_the_run_completes(tmp_path):
+    args = [*TINY, "train.steps=30", "logger=wandb", f"paths.runs={tmp_path}"]
+    run = PausedRun(args, step=10, directory=tmp_path / "pause")
+    pid = run.wait_paused()
+    services = wandb_service_pids(pid)
+    assert services, "no W&B service process found"
+    for service in services:
+        os.kill(service, signal.SIGKILL)
+    run.resume()
+    result = run.finish()
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output[-3000:]
+    assert sum("W&B" in line and "continuing with the local records only" in line for line in output.splitlines()) == 1
+    summary = records.read_json(only_run_dir(tmp_path) / "summary.json")
+    assert summary["status"] == "completed" and summary["steps_completed"] == 30
+
+
+# -- 9-13. input the command refuses in one line, before any compute ------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("content", [b"caf\xe9 au lait\n" * 200, bytes(range(256)) * 40])
+def test_text_that_is_not_utf8_is_named_with_its_offset_and_reads_with_an_encoding(tmp_path, content):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"plain ascii line\n" * 10 + content)
+    args = [*TINY_MODEL, "data=text", f"data.files={corpus}", f"paths.runs={tmp_path / 'runs'}", "logger=none"]
+    refused = run_cli(*args)
+    assert refused.returncode == 2
+    line = one_error_line(refused)
+    offset = 170 + content.index(b"\xe9" if b"caf" in content else b"\x80")
+    assert "data.files" in line and str(corpus) in line and f"byte offset {offset}" in line and "utf-8" in line
+    assert not (tmp_path / "runs").exists()
+    accepted = run_cli(*args, "data.encoding=latin-1")
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_runs_path_that_is_a_file_or_read_only_is_refused_in_one_line(tmp_path, tmpfs):
+    (tmp_path / "file").write_text("not a directory")
+    for key, value in (("paths.runs", tmp_path / "file" / "runs"), ("paths.cache", tmp_path / "file")):
+        result = run_cli(*TINY, "logger=none", f"{key}={value}")
+        assert result.returncode == 2
+        line = one_error_line(result)
+        assert line.startswith(f"deepnorm_exp: error: {key}=") and "is a file" in line
+    read_only = tmpfs("ro", size="1m", read_only=True)
+    result = run_cli(*TINY, "logger=none", f"paths.runs={read_only / 'runs'}")
+    assert result.returncode == 2 and "not writable" in one_error_line(result)
+
+
+def test_an_unset_environment_variable_is_named():
+    with pytest.raises(ConfigError) as refused:
+        deepnorm_exp.compose(["paths.runs=${oc.env:DEEPNORM_SURELY_UNSET}/runs"])
+    assert refused.value.key == "paths.runs" and "DEEPNORM_SURELY_UNSET" in str(refused.value)
+
+
+@pytest.mark.slow
+def test_an_unset_environment_variable_is_one_line_from_the_command_line(tmp_path):
+    result = run_cli(*TINY, "paths.runs=${oc.env:DEEPNORM_SURELY_UNSET}/runs")
+    assert result.returncode == 2
+    assert "paths.runs" in one_error_line(result) and "DEEPNORM_SURELY_UNSET" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is missing")
+def test_a_sweep_on_a_missing_device_is_refused_before_any_job(tmp_path):
+    result = run_cli("-m", "device=cuda", "norm=post,pre", *TINY, f"paths.runs={tmp_path}", "logger=none")
+    assert result.returncode == 2
+    assert "device=cuda" in one_error_line(result)
+    assert not tmp_path.exists() or not any(tmp_path.rglob("summary.json"))
+
+
+@pytest.mark.slow
+def test_a_model_too_big_for_memory_is_refused_from_its_estimate(tmp_path):
+    result = run_cli("depth=100000", f"paths.runs={tmp_path / 'runs'}", "logger=none")
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert "depth=100000" in line and "GiB" in line and "memory_check=false" in line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("overrides", [[], ["model=encdec", "model.encoder_depth=3"], ["norm=admin"],
+                                       ["norm=rezero"], ["norm=sigma_reparam"], ["norm=subln"], ["norm=mixln"],
+                                       ["model.tie_embeddings=false", "model.positions=learned"]])
+def test_the_parameter_estimate_is_exact(overrides):
+    from deepnorm_exp.build import make_scheme, model_depths
+    from deepnorm_exp.data import check_data_config
+    from deepnorm_exp.models import MODELS, count_params
+    from deepnorm_exp.train.memory import estimate
+
+    cfg = deepnorm_exp.compose(["depth=5", *overrides])
+    positions = check_data_config(cfg.data, MODELS.get(cfg.model.kind).task)
+    guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions)
+    assert guess.params == count_params(deepnorm_exp.build_model(cfg))
+
+
+# -- also: which weights eval_loss used; callbacks by name; metrics switched on for a resumed run -------------
+def test_the_summary_says_which_weights_the_eval_loss_measured(tmp_path):
+    spiked = run_experiment(config(tmp_path / "a", "norm=post", "depth=2", "train.lr=1", "train.warmup_steps=0",
+                                   "train.steps=30", "train.divergence.spike_patience=2",
+                                   "train.divergence.spike_factor=1.5"), progress=False)
+    assert spiked["status"] == "diverged" and spiked["divergence_reason"].startswith("loss above")
+    assert spiked["eval_step"] == spiked["diverged_at_step"] - 1 and "include the updates of the 1 step" in \
+        spiked["eval_weights"]
+    nan = run_experiment(config(tmp_path / "b", "norm=post", "depth=2", "train.lr=1e30", "train.warmup_steps=0"),
+                         progress=False)
+    assert nan["eval_weights"].startswith("the last healthy weights")
+    done = run_experiment(config(tmp_path / "c"), progress=False)
+    assert done["eval_step"] == 6 and done["eval_weights"] == "the final weights (step 6)"
+
+
+def test_callbacks_with_one_name_are_refused():
+    from deepnorm_exp.train.trainer import Trainer
+
+    with pytest.raises(ValueError, match="distinct names"):
+        Trainer(model=None, optimizer=None, scheduler=None, batches=None, steps=1, device=None,
+                callbacks=[Callback(), Callback()])
+
+
+def test_a_metric_switched_on_for_a_resumed_run_measures_what_an_uninterrupted_run_does(tmp_path):
+    overrides = ["train.steps=12", "train.log_every=1", "train.ckpt_every=6", "model.dropout=0.1"]
+    straight = run_experiment(config(tmp_path / "a", *overrides), progress=False)
+    with pytest.raises(SimulatedCrash):
+        run_experiment(config(tmp_path / "b", *overrides, "metrics.model_update=false"), progress=False,
+                       callbacks=[CrashAt(8)])
+    resumed = run_experiment(config(tmp_path / "b", *overrides), progress=False)
+    assert resumed["resumed_from_step"] == 6
+
+    def model_update(run_dir):
+        return {r["step"]: r["model_update"] for r in records.read_jsonl(Path(run_dir) / "metrics.jsonl")
+                if "model_update" in r}
+
+    after = model_update(resumed["run_dir"])
+    assert sorted(after) == list(range(7, 13))  # measured from the resumption on
+    expected = model_update(straight["run_dir"])
+    assert all(after[step] == pytest.approx(expected[step], rel=1e-6) for step in after)
