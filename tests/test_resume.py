@@ -126,11 +126,11 @@ def test_killed_run_rerun_matches_an_uninterrupted_run_step_by_step(tmp_path, ho
     the synthetic data and on a text file (memory-mapped cached blocks)."""
     data_args = TINY if data == "synthetic" else [
         *TINY_MODEL, "data=text", f"data.files={write_text(tmp_path / 'corpus.txt', lines=400)}"]
-    args = [*data_args, "train.steps=400", "train.log_every=1", "train.ckpt_every=50", "train.eval_every=1000",
-            "model.dropout=0.1", "threads=1", "logger=none", "metrics.layer_every=100"]
+    args = [*data_args, "train.steps=160", "train.log_every=1", "train.ckpt_every=40", "train.eval_every=1000",
+            "model.dropout=0.1", "threads=1", "logger=none", "metrics.layer_every=50"]
     straight = run_cli(*args, f"paths.runs={tmp_path / 'a'}")
     assert straight.returncode == 0, straight.stderr
-    run = PausedRun([*args, f"paths.runs={tmp_path / 'b'}"], step=120, directory=tmp_path / "pause")
+    run = PausedRun([*args, f"paths.runs={tmp_path / 'b'}"], step=100, directory=tmp_path / "pause")
     run.wait_paused()
     run.proc.send_signal(getattr(signal, how))
     run.resume()
@@ -141,15 +141,15 @@ def test_killed_run_rerun_matches_an_uninterrupted_run_step_by_step(tmp_path, ho
     stopped = json.loads((run_dir / "summary.json").read_text())["status"] if how == "SIGTERM" else None
     saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"]
     if how == "SIGTERM":  # checkpointed where it stopped, and said so
-        assert stopped == "interrupted" and saved == 120
+        assert stopped == "interrupted" and saved == 100
     else:
-        assert saved == 100  # the last checkpoint before step 120
+        assert saved == 80  # the last checkpoint before step 100
     rerun = run_cli(*args, f"paths.runs={tmp_path / 'b'}")
     assert rerun.returncode == 0, rerun.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from_step"] == saved
     (straight,) = (tmp_path / "a").glob("default/*/metrics.jsonl")
-    assert losses(run_dir) == losses(straight.parent) and len(losses(run_dir)) == 400
+    assert losses(run_dir) == losses(straight.parent) and len(losses(run_dir)) == 160
 
 
 def test_a_resumed_run_continues_its_wandb_run(tmp_path):

@@ -108,7 +108,7 @@ def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_u
     import os
     import signal
 
-    args = [*tiny, "train.steps=1500", "train.log_every=1", "train.ckpt_every=500", "threads=1",
+    args = [*tiny, "train.steps=400", "train.log_every=1", "train.ckpt_every=150", "threads=1",
             "metrics.layer_every=0", "model.dropout=0.1"]
     straight = run_cli(*args, f"paths.runs={runs_root / 'straight'}")
     assert straight.returncode == 0, straight.stderr
@@ -125,4 +125,4 @@ def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_u
     assert "Requeued job" in log
     lines = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
     (straight_dir,) = [m.parent for m in (runs_root / "straight" / "default").glob("*/metrics.jsonl")]
-    assert lines(run_dir) == lines(straight_dir) and len(lines(run_dir)) == 1500
+    assert lines(run_dir) == lines(straight_dir) and len(lines(run_dir)) == 400
