@@ -88,7 +88,7 @@ def check_memory(cfg: DictConfig, device: torch.device):
     available = device_memory(device)
     if cfg.memory_check and guess.total_bytes > available:
         raise ConfigError("depth", cfg.depth, f"training would need ~{guess.total_bytes / GIB:,.1f} GiB "
-                          f"({guess.describe()}), {device.type} has {available / GIB:,.1f} GiB; make the model "
+                          f"({guess.parts()}); {device.type} has {available / GIB:,.1f} GiB: make the model "
                           f"or train.batch_size smaller, or memory_check=false to try anyway")
     return guess
 
