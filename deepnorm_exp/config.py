@@ -32,7 +32,9 @@ class ModelConfig:
     d_ff: int = 256
     max_seq_len: int = 256
     vocab_size: int = MISSING  # from the data: ${data.vocab_size}
-    dropout: float = 0.0
+    dropout: float = 0.0  # fairseq's --dropout: embeddings, and each sublayer's output before the residual
+    attention_dropout: float = 0.0  # fairseq's --attention-dropout: the attention weights
+    activation_dropout: float = 0.0  # fairseq's --activation-dropout: the FFN's hidden activation
     norm_eps: float = 1e-5
     positions: str = "sinusoidal"  # sinusoidal | learned
     tie_embeddings: bool = True
@@ -65,7 +67,10 @@ class TrainConfig:
     log_every: int = 10
     ckpt_every: int = 100  # steps between checkpoints (0: none); a finished run deletes its checkpoint
     keep_checkpoint: bool = False  # keep checkpoint.pt after the run completes or diverges
-    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16 (with loss scaling)
+    loss_scale_init: float = 128.0  # fp16: the first loss scale (fairseq's --fp16-init-scale)
+    loss_scale_window: int = 2000  # fp16: steps without overflow before the scale doubles (torch's default)
+    min_loss_scale: float = 1e-4  # fp16: a scale below this is a divergence (fairseq's --min-loss-scale)
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
 
 
@@ -119,15 +124,17 @@ ConfigStore.instance().store(name="base_config", node=Config)
 CHOICES = {
     "model.positions": ("sinusoidal", "learned"),
     "train.schedule": ("inverse_sqrt", "cosine", "constant"),
-    "train.precision": ("auto", "fp32", "bf16"),
+    "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "logger.backend": ("wandb", "none"),
     "logger.mode": ("offline", "online", "disabled"),
 }
 POSITIVE_INTS = ("depth", "model.d_model", "model.n_heads", "model.d_ff", "model.max_seq_len",
                  "model.vocab_size", "train.steps", "train.batch_size", "train.seq_len", "train.log_every",
-                 "train.eval_every", "train.divergence.spike_patience", "metrics.probe_batch")
-POSITIVE_FLOATS = ("train.lr", "model.norm_eps", "train.adam_eps", "train.divergence.spike_factor")
-NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "model.dropout", "metrics.layer_every",
+                 "train.eval_every", "train.divergence.spike_patience", "metrics.probe_batch",
+                 "train.loss_scale_window")
+POSITIVE_FLOATS = ("train.lr", "model.norm_eps", "train.adam_eps", "train.divergence.spike_factor",
+                   "train.loss_scale_init", "train.min_loss_scale")
+NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "metrics.layer_every",
                 "train.ckpt_every")
 
 
@@ -178,8 +185,9 @@ def validate(cfg: DictConfig) -> None:
     for key in ("model.encoder_depth", "model.decoder_depth"):
         if _get(cfg, key) is not None and _get(cfg, key) <= 0:
             raise ConfigError(key, _get(cfg, key), "must be a positive integer, or null for depth")
-    if cfg.model.dropout >= 1:
-        raise ConfigError("model.dropout", cfg.model.dropout, "must be in [0, 1)")
+    for key in ("model.dropout", "model.attention_dropout", "model.activation_dropout"):
+        if not 0 <= _get(cfg, key) < 1:
+            raise ConfigError(key, _get(cfg, key), "must be in [0, 1)")
     if cfg.model.d_model % cfg.model.n_heads:
         raise ConfigError("model.n_heads", cfg.model.n_heads,
                           f"must divide model.d_model={cfg.model.d_model}")

@@ -38,9 +38,19 @@ RECORD_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "layers", "summa
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "fp16":
+        return torch.float16
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return None
+
+
+def loss_scaler(train: DictConfig, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16's dynamic loss scaling (torch.amp.GradScaler; CUDA, or the CPU's fp16 autocast)."""
+    if train.precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type, init_scale=train.loss_scale_init,
+                                growth_interval=train.loss_scale_window)
 
 
 FINAL = ("completed", "diverged")  # a re-run skips these; anything else resumes or starts over
@@ -152,7 +162,7 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, resu
         "diverged_at_step": None, "divergence_reason": None, "divergence": None,
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
         **scheme.constants(), "params": None, "memory_estimate_gib": memory.total_bytes / GIB,
-        "tokens_per_s": None, "wall_s": None,
+        "tokens_per_s": None, "wall_s": None, "loss_scale": None, "skipped_steps": None,
         "experiment": cfg.experiment_name, "run_name": name, "run_dir": str(out_dir), "device": str(device),
         "exact_match": None, "error": None,
     }
@@ -184,7 +194,8 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, resu
 
         metrics = ScalarMetrics(cfg.train.log_every)
         evaluation = Evaluation(cfg.train.eval_every, eval_loss)
-        divergence = DivergenceDetector(cfg.train.divergence.spike_factor, cfg.train.divergence.spike_patience)
+        divergence = DivergenceDetector(cfg.train.divergence.spike_factor, cfg.train.divergence.spike_patience,
+                                        cfg.train.min_loss_scale)
         instruments, blocks = build_instruments(cfg.metrics, cfg.train.log_every, model, data.eval, device)
         checkpointer = checkpoint.Checkpointer(out_dir / checkpoint.CHECKPOINT, cfg.train.ckpt_every,
                                                guard.stop_reason,
@@ -193,7 +204,7 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, resu
         trainer = Trainer(
             model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
             batches=RandomBatches(data.train, cfg.train.batch_size, cfg.seed), steps=cfg.train.steps,
-            device=device, autocast_dtype=dtype, grad_clip=cfg.train.grad_clip,
+            device=device, autocast_dtype=dtype, grad_clip=cfg.train.grad_clip, scaler=loss_scaler(cfg.train, device),
             # Gatherers first, then the divergence check (it keeps the last record), the bar, the flusher;
             # the checkpointer last, once every other callback's state is final for the step.
             callbacks=[metrics, evaluation, *instruments, divergence,
@@ -205,6 +216,8 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, resu
             del state
         trainer.fit()
         summary.update(final_loss=metrics.last_loss, tokens_per_s=metrics.mean_tokens_per_s)
+        if trainer.scaler is not None:
+            summary.update(loss_scale=trainer.scaler.get_scale(), skipped_steps=metrics.skipped_steps)
         if guard.stop_reason() is not None and divergence.event is None:
             summary.update(status="interrupted", error=guard.stop_reason(), eval_loss=evaluation.last,
                            eval_step=evaluation.last_step or None)

@@ -220,15 +220,15 @@ def test_report_renders_in_headless_chromium_without_console_errors(sweep, tmp_p
     assert not console, console  # nothing logged: no errors, no warnings
     body = re.search(r"<body[^>]*>", dom.stdout).group(0)
     assert 'data-ready="1"' in body and "data-errors" not in body
-    # the #sort= link sorted the runs table by eval loss, descending (the diverged run's first: its eval loss
-    # is that of its last healthy weights, far above the others)
+    # the #sort= link sorted the runs table by eval loss, descending; the NaN-diverged run has no eval loss
+    # (its weights give NaN from the start), shown blank and sorted last
     table = dom.stdout[dom.stdout.index('id="runs"'):]
     head = re.findall(r'data-key="([^"]+)"', table)
     column = head.index("eval_loss")
-    rows = re.findall(r"<tr class=[^>]*>(.*?)</tr>", table)
-    evals = [re.findall(r"<td[^>]*>(.*?)</td>", row)[column] for row in rows]
-    shown = [float(v) for v in evals]
-    assert len(shown) == 13 and shown == sorted(shown, reverse=True)
-    assert re.search(r'<tr class="diverged">', table).start() < re.search(r'<tr class="completed">', table).start()
+    rows = re.findall(r"<tr class=\"([^\"]*)\"[^>]*>(.*?)</tr>", table)
+    evals = [re.findall(r"<td[^>]*>(.*?)</td>", row)[column] for _, row in rows]
+    shown = [float(v) for v in evals if v]
+    assert len(evals) == 13 and shown == sorted(shown, reverse=True) and len(shown) == 12
+    assert evals[-1] == "" and rows[-1][0] == "diverged"
     shot = chromium(*profile, f"--screenshot={tmp_path / 'report.png'}", "--window-size=1400,2400", report.as_uri())
     assert shot.returncode == 0 and (tmp_path / "report.png").stat().st_size > 10_000, shot.stderr

@@ -139,8 +139,12 @@ def test_tfixup_has_no_norm_and_scales_weights_and_embeddings_by_depth():
     enc = (0.67 * 6 ** -0.25)
     layer = encdec.encoder[2]
     assert role_std(layer.attn, "out") == pytest.approx(enc * xavier_std(64, 64), rel=0.05)
-    assert role_std(layer.attn, "v") == pytest.approx(enc * math.sqrt(2) * xavier_std(64, 64), rel=0.05)
-    assert role_std(encdec.decoder[2].cross, "v") == pytest.approx((9 * 6) ** -0.25 * xavier_std(64, 64), rel=0.05)
+    # The official code's effective v: Xavier gain 1 x the factor, in the encoder as in both decoder attentions
+    # (its sqrt(2) undoes fairseq's gain 1/sqrt(2) on v).
+    assert role_std(layer.attn, "v") == pytest.approx(enc * xavier_std(64, 64), rel=0.05)
+    dec = (9 * 6) ** -0.25
+    assert role_std(encdec.decoder[2].attn, "v") == pytest.approx(dec * xavier_std(64, 64), rel=0.05)
+    assert role_std(encdec.decoder[2].cross, "v") == pytest.approx(dec * xavier_std(64, 64), rel=0.05)
 
 
 # -- depth-muP ----------------------------------------------------------------------------------------

@@ -1,4 +1,11 @@
-"""The sublayers every model is built from. Each names its projections by role for the scheme's init."""
+"""The sublayers every model is built from. Each names its projections by role for the scheme's init.
+
+Dropout sits where fairseq (the paper's codebase) and torchscale put it, under their names:
+`attention_dropout` on the attention weights, `activation_dropout` on the FFN's hidden activation, and
+`dropout` on the sublayer's output G(x), the last thing a sublayer does, so every scheme combines the
+dropped-out branch with the residual stream (x + drop(G(x)), LN(alpha x + drop(G(x))), ...). The models
+apply `dropout` to the embeddings too.
+"""
 
 from __future__ import annotations
 
@@ -34,12 +41,14 @@ class SelfAttention(nn.Module):
     three separate d x d matrices, since DeepNorm scales v and not q or k.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, causal: bool = True):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0,
+                 causal: bool = True):
         super().__init__()
-        self.d_model, self.n_heads, self.dropout, self.causal = d_model, n_heads, dropout, causal
+        self.d_model, self.n_heads, self.attention_dropout, self.causal = d_model, n_heads, attention_dropout, causal
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.inner_width, self.inner_norm = d_model, nn.Identity()  # before `out`: a scheme may set a norm (Sub-LN)
+        self.drop = nn.Dropout(dropout)
 
     def projections(self):
         d = self.d_model
@@ -52,8 +61,8 @@ class SelfAttention(nn.Module):
         batch, seq, d = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=self.causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.out(self.inner_norm(_merge(y)))
+                                           dropout_p=self.attention_dropout if self.training else 0.0)
+        return self.drop(self.out(self.inner_norm(_merge(y))))
 
     def attention_probs(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The softmax weights `forward` uses, (batch, heads, seq, seq), written out for instrumentation:
@@ -70,13 +79,14 @@ class SelfAttention(nn.Module):
 class CrossAttention(nn.Module):
     """Decoder-to-encoder attention: queries from x, keys and values from the encoder's output."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0):
         super().__init__()
-        self.d_model, self.n_heads, self.dropout = d_model, n_heads, dropout
+        self.d_model, self.n_heads, self.attention_dropout = d_model, n_heads, attention_dropout
         self.q = nn.Linear(d_model, d_model)
         self.kv = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.inner_width, self.inner_norm = d_model, nn.Identity()
+        self.drop = nn.Dropout(dropout)
 
     def projections(self):
         d = self.d_model
@@ -89,8 +99,8 @@ class CrossAttention(nn.Module):
         k, v = self.kv(memory).chunk(2, dim=-1)
         y = F.scaled_dot_product_attention(_heads(self.q(x), self.n_heads), _heads(k, self.n_heads),
                                            _heads(v, self.n_heads), attn_mask=memory_mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.out(self.inner_norm(_merge(y)))
+                                           dropout_p=self.attention_dropout if self.training else 0.0)
+        return self.drop(self.out(self.inner_norm(_merge(y))))
 
     def attention_probs(self, x: torch.Tensor, memory: torch.Tensor,
                         memory_mask: torch.Tensor | None) -> torch.Tensor:
@@ -100,20 +110,21 @@ class CrossAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation_dropout: float = 0.0):
         super().__init__()
         self.d_model = d_model
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.activation_drop = nn.Dropout(activation_dropout)  # before a Sub-LN inner norm, as torchscale
         self.inner_width, self.inner_norm = d_ff, nn.Identity()  # before `fc2`: a scheme may set a norm (Sub-LN)
+        self.drop = nn.Dropout(dropout)
 
     def projections(self):
         yield "fc1", self.fc1.weight, self.fc1.bias
         yield "fc2", self.fc2.weight, self.fc2.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(self.inner_norm(F.gelu(self.fc1(x)))))
+        return self.drop(self.fc2(self.inner_norm(self.activation_drop(F.gelu(self.fc1(x))))))
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:

@@ -102,7 +102,8 @@ class NormScheme:
 
     # --- hooks around training (default: nothing) ------------------------------------------------
     def prepare(self, model: nn.Module, batch: dict) -> None:
-        """Called once before the first step of a fresh run, with a training batch (Admin's profiling)."""
+        """Called once when the model is built, with a training batch (Admin's profiling); also for a resumed
+        run, before its checkpoint is loaded, so the model then holds theta_0 exactly (deterministic: eval mode)."""
 
     def param_groups(self, model: nn.Module, lr: float) -> list[dict] | None:
         """Optimizer parameter groups, for schemes with their own learning-rate rule (None: one group)."""

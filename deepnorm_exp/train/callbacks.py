@@ -12,7 +12,9 @@ from .trainer import Callback, StepOutput, Trainer, is_due
 
 
 class ScalarMetrics(Callback):
-    """Every `every` steps: loss (mean over the interval), lr, grad_norm, tokens_per_s."""
+    """Every `every` steps: loss (mean over the interval), lr, grad_norm, tokens_per_s; under fp16 also
+    loss_scale and skipped_steps (steps whose gradients overflowed, so the scaler skipped the update; their
+    loss is left out of the mean, as fairseq does)."""
 
     def __init__(self, every: int):
         self.every = every
@@ -20,22 +22,28 @@ class ScalarMetrics(Callback):
         self.last_loss: float | None = None  # mean loss of the latest interval: the run's "final loss"
         self.tokens_per_s: float | None = None
         self.total_tokens, self.total_seconds = 0, 0.0
+        self.skipped_steps = 0
 
     def _reset(self):
         self.loss_sum, self.count, self.tokens, self.seconds = 0.0, 0, 0, 0.0
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
-        self.loss_sum += out.loss
-        self.count += 1
+        if out.overflow:
+            self.skipped_steps += 1
+        else:
+            self.loss_sum += out.loss
+            self.count += 1
         self.tokens += out.tokens
         self.seconds += out.seconds
         self.total_tokens += out.tokens
         self.total_seconds += out.seconds
         if is_due(out.step, self.every, trainer.steps):
-            self.last_loss = self.loss_sum / self.count
+            self.last_loss = self.loss_sum / self.count if self.count else math.nan
             self.tokens_per_s = self.tokens / max(self.seconds, 1e-9)
             trainer.record.update(loss=self.last_loss, lr=out.lr, grad_norm=out.grad_norm,
                                   tokens_per_s=self.tokens_per_s)
+            if out.loss_scale is not None:
+                trainer.record.update(loss_scale=out.loss_scale, skipped_steps=self.skipped_steps)
             self._reset()
 
     def state_dict(self) -> dict:
@@ -74,10 +82,15 @@ class DivergenceDetector(Callback):
 
     Checked on every step (the paper's divergences happen in the first few hundred), before the optimizer
     applies the step, so a run that diverged keeps its last healthy weights.
+
+    Under fp16 loss scaling a step whose gradients overflow is not a divergence: the scaler skips it and
+    halves the scale (that is how dynamic loss scaling finds its scale). A run diverges there when the
+    scale falls below `min_loss_scale` (fairseq's "minimum loss scale reached"): fp16 overflows whatever the
+    scale, one of the ways deep Post-LN runs fail.
     """
 
-    def __init__(self, spike_factor: float, spike_patience: int):
-        self.factor, self.patience = spike_factor, spike_patience
+    def __init__(self, spike_factor: float, spike_patience: int, min_loss_scale: float = 0.0):
+        self.factor, self.patience, self.min_loss_scale = spike_factor, spike_patience, min_loss_scale
         self.best = math.inf
         self.above = 0
         self.event: dict | None = None
@@ -85,6 +98,8 @@ class DivergenceDetector(Callback):
         self.last_logged: dict | None = None  # the last scalar record before the divergence
 
     def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
+        if out.overflow:
+            return  # fp16: the scaler skips this step (see on_step_end for a scale that collapses)
         reason = None
         if not math.isfinite(out.loss):
             reason = "non-finite loss"
@@ -99,6 +114,9 @@ class DivergenceDetector(Callback):
         if reason is None:
             self.last_healthy = {"step": out.step, "loss": out.loss, "grad_norm": out.grad_norm, "lr": out.lr}
             return
+        self._diverge(trainer, out, reason)
+
+    def _diverge(self, trainer: Trainer, out: StepOutput, reason: str) -> None:
         self.event = {"event": "divergence", "step": out.step, "reason": reason, "loss": out.loss,
                       "grad_norm": out.grad_norm, "last_healthy": self.last_healthy,
                       "last_logged": self.last_logged}
@@ -107,6 +125,9 @@ class DivergenceDetector(Callback):
         trainer.request_stop(reason)
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        if trainer.scaler is not None and trainer.scaler.get_scale() < self.min_loss_scale:
+            self._diverge(trainer, out, f"loss scale collapsed below {self.min_loss_scale:g} "
+                                        f"(fp16 gradients overflowed at every scale)")
         if trainer.record:  # installed after the callbacks that gather, before the flusher
             self.last_logged = {"step": out.step, **trainer.record}
 
@@ -116,6 +137,8 @@ class DivergenceDetector(Callback):
             return f"the final weights (step {step})"
         if self.event["reason"].startswith("non-finite"):
             return f"the last healthy weights (step {step}; the non-finite step {self.event['step']} was not applied)"
+        if self.event["reason"].startswith("loss scale"):
+            return f"the weights after step {step} (the steps whose fp16 gradients overflowed were not applied)"
         return (f"the weights after step {step}: they include the updates of the {self.patience - 1} step(s) whose "
                 f"loss was already above {self.factor:g}x its minimum before the spike rule stopped the run")
 

@@ -52,6 +52,7 @@ def trainer_state(trainer: Trainer) -> dict:
         "scheduler": trainer.scheduler.state_dict(),
         "batches": trainer.batches.state_dict(),
         "rng": rng_state(),
+        "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
         "callbacks": {callback.name: callback.state_dict() for callback in trainer.callbacks},
     }
 
@@ -123,6 +124,8 @@ def restore(trainer: Trainer, state: dict) -> None:
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.batches.load_state_dict(state["batches"])
+    if trainer.scaler is not None and state.get("scaler"):
+        trainer.scaler.load_state_dict(state["scaler"])
     saved = state["callbacks"]
     for callback in trainer.callbacks:
         if callback.name in saved:

@@ -80,7 +80,7 @@ def estimate(cfg: DictConfig, scheme, depths: dict[str, int], positions: int) ->
     copies = 4 if (metrics.update_norm or (metrics.layer_every and metrics.layer_updates)) else 0
     d, f = cfg.model.d_model, cfg.model.d_ff
     tokens = cfg.train.batch_size * positions
-    float_bytes = 2 if (cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and cfg.device != "cpu"
+    float_bytes = 2 if (cfg.train.precision in ("bf16", "fp16") or (cfg.train.precision == "auto" and cfg.device != "cpu"
                                                           and torch.cuda.is_available())) else 4
     per_layer_floats = {stack: sum(ACTIVATION_FLOATS[kind](d, f) for kind in kinds)
                         for stack, kinds in _blocks_per_layer(base_model).items()}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -26,6 +27,8 @@ class StepOutput:
     lr: float  # learning rate this step used
     tokens: int
     seconds: float = 0.0  # wall time of the whole step, filled once the optimizer has stepped
+    loss_scale: float | None = None  # fp16: the loss scale of this step's backward (None without a scaler)
+    overflow: bool = False  # fp16: the gradients overflowed; the scaler skips the update and lowers the scale
 
 
 def is_due(step: int, every: int, last_step: int) -> bool:
@@ -91,6 +94,7 @@ class Trainer:
     device: torch.device
     autocast_dtype: torch.dtype | None = None
     grad_clip: float | None = None
+    scaler: torch.amp.GradScaler | None = None  # fp16: dynamic loss scaling (skips the steps that overflow)
     callbacks: Sequence[Callback] = ()
     step: int = 0  # optimizer steps completed
     stop_reason: str | None = None
@@ -127,19 +131,31 @@ class Trainer:
             batch = to_device(next(self.batches), self.device)
             with autocast_context(self.device, self.autocast_dtype):
                 loss, tokens = self.model.loss(batch)
-            loss.backward()
+            loss_scale = None
+            if self.scaler is None:
+                loss.backward()
+            else:
+                loss_scale = self.scaler.get_scale()
+                self.scaler.scale(loss).backward()
+                self.scaler.unscale_(self.optimizer)  # what every callback sees are the true gradients
             # No list of the grads outlives this line: it would keep last step's gradients alive (a
             # parameter-sized copy of memory) after zero_grad, through the next backward.
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
             out = StepOutput(step=self.step + 1, loss=loss.item(), grad_norm=grad_norm.item(),
-                             lr=self.optimizer.param_groups[0]["lr"], tokens=tokens)
+                             lr=self.optimizer.param_groups[0]["lr"], tokens=tokens, loss_scale=loss_scale)
+            out.overflow = self.scaler is not None and not math.isfinite(out.grad_norm)
             self._emit("after_backward", out)
             if self.stop_reason is not None:
                 break  # a refused step: the weights stay as they were before it
-            if self.grad_clip is not None:
+            if self.grad_clip is not None and not out.overflow:
                 torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
+            if self.scaler is None:
+                self.optimizer.step()
+            else:
+                self.scaler.step(self.optimizer)  # skipped where unscale_ found inf or NaN
+                self.scaler.update()
+            if not out.overflow:  # the schedule follows the updates applied (as fairseq's does under fp16)
+                self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step = out.step
             out.seconds = time.perf_counter() - started
