@@ -12,12 +12,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from .config import CONF_DIR
 from .errors import ConfigError, HarnessError, one_line
 
 log = logging.getLogger("deepnorm_exp")
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+# An absolute path: relative to this file only when run as `python -m`; the console script imports this
+# module as `deepnorm_exp.__main__`, for which Hydra would look for a Python package `conf`.
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def train(cfg: DictConfig) -> dict | None:
     from .run import run_experiment
 

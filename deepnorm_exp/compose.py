@@ -114,6 +114,10 @@ def preflight(overrides: Sequence[str], multirun: bool) -> list[Job]:
         cfg = _compose(job, hydra_config=True)
         override_dirname = cfg.hydra.job.override_dirname
         fixed = str(cfg.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper")
+        if str(cfg.hydra.sweeper.get("_target_", "")).endswith("FrontierSweeper"):
+            from .frontier import check_owned_keys
+
+            check_owned_keys(cfg.hydra.sweeper.key, job)  # the sweeper's own check, before anything runs
         here = "Slurm" not in str(cfg.hydra.launcher.get("_target_", ""))
         with open_dict(cfg):
             del cfg["hydra"]

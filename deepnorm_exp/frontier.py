@@ -28,7 +28,7 @@ class Cell:
     resolution: float
     stable: float | None = None
     unstable: float | None = None
-    probes: list[tuple[float, bool]] = field(default_factory=list)
+    probes: list[tuple[float, bool | None, str | None]] = field(default_factory=list)  # lr, stable, error
     error: str | None = None
 
     def next_lr(self) -> float | None:
@@ -40,15 +40,21 @@ class Cell:
         if self.unstable is None:
             return None  # hi was stable: the frontier is at or above the range
         if self.stable is None:
-            tried_lo = any(lr == round_lr(self.lo) for lr, _ in self.probes)
+            tried_lo = any(lr == round_lr(self.lo) for lr, _, _ in self.probes)
             return None if tried_lo else round_lr(self.lo)  # lo unstable too: the frontier is below
         if self.unstable / self.stable <= self.resolution:
             return None
         mid = round_lr(math.sqrt(self.stable * self.unstable))  # bisection on a log scale
         return None if mid in (self.stable, self.unstable) else mid  # 3 digits cannot split it further
 
-    def record(self, lr: float, stable: bool) -> None:
-        self.probes.append((lr, stable))
+    def record(self, lr: float, stable: bool | str) -> None:
+        """A probe's outcome: stable (True), diverged (False), or the error of a run that failed (str), which
+        settles the cell: a failure says nothing about stability, and repeating it would fail again."""
+        if isinstance(stable, str):
+            self.probes.append((lr, None, stable))
+            self.error = f"the run at lr {lr:g} failed: {stable}"
+            return
+        self.probes.append((lr, stable, None))
         if stable:
             self.stable = lr if self.stable is None else max(self.stable, lr)
         else:
@@ -56,7 +62,9 @@ class Cell:
 
     def result(self) -> dict:
         return {"max_stable_lr": self.stable, "min_unstable_lr": self.unstable, "runs": len(self.probes),
-                "probes": [{"lr": lr, "stable": ok} for lr, ok in self.probes], "error": self.error}
+                "probes": [{"lr": lr, "stable": ok, **({"error": error} if error else {})}
+                           for lr, ok, error in self.probes],
+                "error": self.error}
 
 
 def grid_runs(lo: float, hi: float, resolution: float) -> int:
@@ -65,9 +73,10 @@ def grid_runs(lo: float, hi: float, resolution: float) -> int:
 
 
 def search(keys: Sequence[Hashable], lo: float, hi: float, resolution: float,
-           probe: Callable[[list[tuple[Hashable, float]]], list[bool | None]]) -> list[Cell]:
+           probe: Callable[[list[tuple[Hashable, float]]], list[bool | str]]) -> list[Cell]:
     """Bisect every cell at once: each round probes one rate per unsettled cell (a batch the launcher can
-    run in parallel). `probe` returns, per (cell key, lr), whether the run was stable (None: it failed)."""
+    run in parallel). `probe` returns, per (cell key, lr), whether the run was stable, or the error of a
+    run that failed (a string)."""
     cells = [Cell(key, lo, hi, resolution) for key in keys]
     while True:
         batch = [(cell, cell.next_lr()) for cell in cells]
@@ -75,7 +84,16 @@ def search(keys: Sequence[Hashable], lo: float, hi: float, resolution: float,
         if not batch:
             return cells
         for (cell, lr), stable in zip(batch, probe([(cell.key, lr) for cell, lr in batch])):
-            if stable is None:
-                cell.error = f"the run at lr {lr:g} failed"
-            else:
-                cell.record(lr, stable)
+            cell.record(lr, stable)
+
+
+def check_owned_keys(key: str, overrides: Sequence[str]) -> None:
+    """The sweeper sets `key` on every probe: a user's value for it would be listed as a cell coordinate
+    that no probe used. ConfigError naming it."""
+    from .errors import ConfigError
+
+    for override in overrides:
+        name = override.split("=", 1)[0].lstrip("+~")
+        if name == key:
+            raise ConfigError(name, override.split("=", 1)[1] if "=" in override else "", "hydra/sweeper=frontier "
+                              f"probes {key} itself (between hydra.sweeper.lr_min and lr_max); drop the override")

@@ -90,3 +90,22 @@ def test_encoder_decoder_run_reports_both_stacks_and_exact_match(cli, tiny, runs
     assert set(summary["beta"]) == {"encoder", "decoder"}
     assert 0.0 <= summary["exact_match"] <= 1.0 and summary["optimal_loss"] > 0
     assert summary["excess_loss"] == pytest.approx(summary["eval_loss"] - summary["optimal_loss"])
+
+
+def test_the_console_script_runs_from_anywhere_and_completes_overrides(tmp_path):
+    """`deepnorm-exp` (pyproject's console script) = `python -m deepnorm_exp`; Hydra's bash completion works
+    for it, and the job is named deepnorm_exp (SLURM job names come from it), not __main__."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = str(Path(sys.executable).parent / "deepnorm-exp")
+    env = {**os.environ, "COMP_LINE": "deepnorm-exp norm=p", "COMP_POINT": "19"}
+    query = subprocess.run([script, "-sc", "query=bash"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert query.stdout.split() == ["norm=periln", "norm=post", "norm=pre"], query.stderr
+    install = subprocess.run([script, "-sc", "install=bash"], cwd=tmp_path, capture_output=True, text=True)
+    assert "-F hydra_bash_completion deepnorm-exp" in install.stdout
+    for command in ([script], [sys.executable, "-m", "deepnorm_exp"]):
+        shown = subprocess.run([*command, "--cfg", "hydra"], cwd=tmp_path, capture_output=True, text=True)
+        assert shown.returncode == 0 and "\n    name: deepnorm_exp\n" in shown.stdout, shown.stderr

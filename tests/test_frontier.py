@@ -39,10 +39,82 @@ def test_cells_are_searched_together_and_edge_cases_settle_early():
     assert len(calls[0]) == 3 and len(calls[1]) == 2 and all(len(batch) == 1 for batch in calls[2:])
 
 
-def test_a_failed_probe_stops_its_cell_only():
+def test_a_failed_probe_stops_its_cell_only_and_is_counted_and_listed_with_its_error():
     def probe(batch):
-        return [None if key == "broken" else lr <= 1e-2 for key, lr in batch]
+        return ["RuntimeError: boom" if key == "broken" else lr <= 1e-2 for key, lr in batch]
 
     cells = {c.key: c for c in search(["broken", "fine"], 1e-4, 1e-1, 2.0, probe)}
-    assert cells["broken"].error and cells["broken"].result()["runs"] == 0
+    broken = cells["broken"].result()
+    assert broken["runs"] == 1 and broken["probes"] == [{"lr": 0.1, "stable": None, "error": "RuntimeError: boom"}]
+    assert "RuntimeError: boom" in broken["error"]
     assert cells["fine"].stable <= 1e-2 < cells["fine"].unstable
+
+
+class FakeLauncher:
+    """Records each launch; every probe below lr 1e-2 is stable, one cell's probes fail."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, jobs, initial_job_idx):
+        from hydra.core.utils import JobReturn, JobStatus
+
+        self.launches.append([list(job) for job in jobs])
+        results = []
+        for job in jobs:
+            overrides = dict(o.split("=", 1) for o in job)
+            result = JobReturn()
+            if overrides["norm"] == "broken":
+                result.status, result._return_value = JobStatus.FAILED, RuntimeError("boom")
+            else:
+                result.status = JobStatus.COMPLETED
+                result._return_value = {"status": "completed" if float(overrides["train.lr"]) <= 1e-2 else "diverged"}
+            results.append(result)
+        return results
+
+
+def sweeper(tmp_path, **options):
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.deepnorm_exp_frontier.frontier_sweeper import FrontierSweeper
+
+    sweep = FrontierSweeper(params={}, key="train.lr", lr_min=1e-4, lr_max=1e-1, resolution=2.0,
+                            stable_if="completed", **options)
+    sweep.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "x": 1})
+    sweep.launcher = FakeLauncher()
+    sweep.hydra_context = type("Context", (), {"config_loader": None})()
+    return sweep
+
+
+def test_the_sweeper_counts_failed_probes_in_runs_and_runs_spent_alike(tmp_path):
+    sweep = sweeper(tmp_path)
+    report = sweep.sweep(["norm=post,pre,broken"])
+    cells = {cell["norm"]: cell for cell in report["cells"]}
+    assert report["runs_spent"] == sum(cell["runs"] for cell in report["cells"])
+    assert cells["broken"]["probes"][0]["error"] == "RuntimeError: boom" and cells["broken"]["runs"] == 1
+
+
+def test_max_batch_size_bounds_each_launch(tmp_path):
+    sweep = sweeper(tmp_path, max_batch_size=2)
+    report = sweep.sweep(["norm=post,pre,deepnorm"])
+    launches = sweep.launcher.launches
+    assert max(len(batch) for batch in launches) == 2 and [len(b) for b in launches[:2]] == [2, 1]  # round 1: 3
+    assert report["runs_spent"] == sum(len(batch) for batch in launches)
+
+
+def test_a_value_for_the_probed_key_is_refused(tmp_path):
+    from deepnorm_exp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="probes train.lr itself"):
+        sweeper(tmp_path).sweep(["norm=post", "train.lr=1e-3"])
+
+
+def test_the_command_line_refuses_a_probed_key_before_anything_runs(tmp_path, capsys):
+    from deepnorm_exp.__main__ import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["-m", "hydra/sweeper=frontier", "norm=post,pre", "train.lr=1e-3", f"paths.runs={tmp_path / 'runs'}"])
+    assert exit.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert line.startswith("deepnorm_exp: error: train.lr=0.001 is invalid: hydra/sweeper=frontier probes train.lr")
+    assert not (tmp_path / "runs").exists()

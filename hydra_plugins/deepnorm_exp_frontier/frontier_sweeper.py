@@ -15,7 +15,7 @@ have cost. The search itself is deepnorm_exp/frontier.py.
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -38,6 +38,7 @@ class FrontierSweeperConf:
     lr_max: float = 3e-2
     resolution: float = 1.5  # stop when (smallest unstable) / (largest stable) <= this
     stable_if: str = "completed"  # completed: not diverged; trained: completed and learned (summary.trained)
+    max_batch_size: Optional[int] = None  # probes one launch starts at most (null: a round's all at once)
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="frontier", node=FrontierSweeperConf,
@@ -46,13 +47,16 @@ ConfigStore.instance().store(group="hydra/sweeper", name="frontier", node=Fronti
 
 class FrontierSweeper(Sweeper):
     def __init__(self, params: Optional[Dict[str, str]], key: str, lr_min: float, lr_max: float,
-                 resolution: float, stable_if: str) -> None:
+                 resolution: float, stable_if: str, max_batch_size: Optional[int] = None) -> None:
         if not 0 < lr_min < lr_max:
             raise ValueError(f"hydra.sweeper: need 0 < lr_min < lr_max, got {lr_min}, {lr_max}")
         if resolution <= 1:
             raise ValueError(f"hydra.sweeper.resolution={resolution}: must be > 1")
         if stable_if not in ("completed", "trained"):
             raise ValueError(f"hydra.sweeper.stable_if={stable_if}: choose completed or trained")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"hydra.sweeper.max_batch_size={max_batch_size}: must be >= 1, or null")
+        self.max_batch_size = max_batch_size
         self.params, self.key = dict(params or {}), key
         self.lr_min, self.lr_max, self.resolution, self.stable_if = lr_min, lr_max, resolution, stable_if
         self.config: Optional[DictConfig] = None
@@ -66,15 +70,17 @@ class FrontierSweeper(Sweeper):
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config)
 
-    def _stable(self, result: JobReturn) -> Optional[bool]:
-        """True/False for a run that ended stable/diverged; None for one that failed or was skipped."""
-        if result.status != JobStatus.COMPLETED or not isinstance(result.return_value, dict):
-            return None
+    def _stable(self, result: JobReturn) -> Union[bool, str]:
+        """True/False for a run that ended stable/diverged; for one that failed or was skipped, its error."""
+        if result.status != JobStatus.COMPLETED:
+            return f"{type(result._return_value).__name__}: {result._return_value}"
         summary = result.return_value
+        if not isinstance(summary, dict):
+            return "the job ended before its run started (see its log)"
         if summary.get("status") == "diverged":
             return False
         if summary.get("status") != "completed":
-            return None
+            return summary.get("error") or summary.get("reason") or f"status {summary.get('status')}"
         return bool(summary.get("trained")) if self.stable_if == "trained" else True
 
     def sweep(self, arguments: List[str]) -> Any:
@@ -83,8 +89,11 @@ class FrontierSweeper(Sweeper):
         from deepnorm_exp.frontier import grid_runs, search
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        from deepnorm_exp.frontier import check_owned_keys
+
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         axes = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        check_owned_keys(self.key, axes)
         cells = [tuple(cell) for cell in BasicSweeper.split_arguments(parser.parse_overrides(axes), None)[0]]
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -94,9 +103,13 @@ class FrontierSweeper(Sweeper):
         def probe(batch):
             nonlocal launched
             jobs = [[*cell, f"{self.key}={lr:g}"] for cell, lr in batch]
-            results = self.launcher.launch(jobs, initial_job_idx=launched)
-            launched += len(jobs)
-            return [self._stable(result) for result in results]
+            size = self.max_batch_size or len(jobs)
+            outcomes = []
+            for start in range(0, len(jobs), size):  # one launch per max_batch_size probes
+                results = self.launcher.launch(jobs[start:start + size], initial_job_idx=launched)
+                launched += len(results)
+                outcomes += [self._stable(result) for result in results]
+            return outcomes
 
         found = search(cells, self.lr_min, self.lr_max, self.resolution, probe)
         per_cell_grid = grid_runs(self.lr_min, self.lr_max, self.resolution)
