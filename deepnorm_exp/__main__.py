@@ -83,6 +83,11 @@ def failed_runs(jobs) -> list[str]:
     return failed
 
 
+def multirun_override(overrides: list[str]) -> bool:
+    """`hydra.mode=MULTIRUN` on the command line means what -m means (Hydra reads it so)."""
+    return any(o.replace(" ", "").lstrip("+") == "hydra.mode=MULTIRUN" for o in overrides)
+
+
 def main(argv: list[str] | None = None) -> None:
     from hydra._internal.utils import get_args_parser
 
@@ -90,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     args = get_args_parser().parse_args(argv)
+    args.multirun = args.multirun or multirun_override(args.overrides)
     wants_info = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
     jobs = []
     if not wants_info:

@@ -70,8 +70,11 @@ def expand_jobs(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
     if not multirun:
         return [list(overrides)]
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
 
-    parser = OverridesParser.create()
+    # With the config loader, as Hydra's own sweepers have it: glob() lists a group's options through it.
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
 
     def product(items: Sequence[str]) -> list[list[str]]:
         try:

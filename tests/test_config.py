@@ -113,3 +113,11 @@ def test_long_override_lists_make_unique_names_within_file_name_limits():
     a = run_name(cfg, ",".join(f"data.key{i}={i}" for i in range(40)))
     b = run_name(cfg, ",".join(f"data.key{i}={i + 1}" for i in range(40)))
     assert len(a) < 200 and len(b) < 200 and a != b
+
+
+def test_the_preflight_expands_glob_and_range_as_hydra_does(tmp_path):
+    from deepnorm_exp.compose import preflight
+
+    jobs = preflight(["norm=glob(p*)", "depth=range(2,4)", f"paths.runs={tmp_path}"], multirun=True)
+    assert sorted((job.cfg.norm.name, job.cfg.depth) for job in jobs) == [
+        ("periln", 2), ("periln", 3), ("post", 2), ("post", 3), ("pre", 2), ("pre", 3)]

@@ -126,3 +126,11 @@ def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_u
     lines = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
     (straight_dir,) = [m.parent for m in (runs_root / "straight" / "default").glob("*/metrics.jsonl")]
     assert lines(run_dir) == lines(straight_dir) and len(lines(run_dir)) == 400
+
+
+def test_hydra_s_sweep_grammar_and_multirun_mode_run_as_hydra_runs_them(tiny, runs_root):
+    """glob() and range() (Hydra's override grammar), and hydra.mode=MULTIRUN in place of -m."""
+    result = run_cli("hydra.mode=MULTIRUN", "norm=glob(p*)", "depth=range(1,2)", *tiny)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = summaries(runs_root / "default")
+    assert sorted((s["norm"], s["depth"]) for s in runs.values()) == [("periln", 1), ("post", 1), ("pre", 1)]
