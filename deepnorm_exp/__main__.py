@@ -13,7 +13,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from .config import CONF_DIR
-from .errors import ConfigError, HarnessError, one_line
+from .errors import HarnessError, one_line
 
 log = logging.getLogger("deepnorm_exp")
 

@@ -5,7 +5,6 @@ fix it guards."""
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
