@@ -66,13 +66,14 @@ def all_finished(jobs) -> bool:
 def failed_runs(jobs) -> list[str]:
     """The jobs of a finished sweep whose run failed or left no record (a diverged run is a result; a run
     that another process holds, e.g. a second sweep launched at once, is that process's to report)."""
+    from .run import FINAL
     from .runlock import RunLock
     from .summary import read_summary
 
     failed = []
     for job in jobs:
         summary = read_summary(job.run_dir / "summary.json") or {}
-        if summary.get("status") in ("completed", "diverged"):
+        if summary.get("status") in FINAL:
             continue
         if summary.get("status") != "failed" and job.run_dir.is_dir():
             lock = RunLock(job.run_dir)

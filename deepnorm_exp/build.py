@@ -7,7 +7,6 @@ sweep before the first one starts; `run_experiment` runs both again, so a notebo
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
@@ -20,8 +19,6 @@ from .data import check_data_config
 from .errors import ConfigError
 from .models import MODELS
 from .schemes import NormScheme, build_scheme
-
-log = logging.getLogger("deepnorm_exp")
 
 
 def model_depths(cfg: DictConfig) -> dict[str, int]:
