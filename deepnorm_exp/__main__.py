@@ -84,28 +84,22 @@ def failed_runs(jobs) -> list[str]:
     return failed
 
 
-def multirun_override(overrides: list[str]) -> bool:
-    """`hydra.mode=MULTIRUN` on the command line means what -m means (Hydra reads it so)."""
-    return any(o.replace(" ", "").lstrip("+") == "hydra.mode=MULTIRUN" for o in overrides)
-
-
 def main(argv: list[str] | None = None) -> None:
     from hydra._internal.utils import get_args_parser
 
-    from .compose import preflight
+    from .preflight import preflight
 
     argv = sys.argv[1:] if argv is None else argv
     args = get_args_parser().parse_args(argv)
-    args.multirun = args.multirun or multirun_override(args.overrides)
     wants_info = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
-    jobs = []
+    jobs, multirun = [], False
     if not wants_info:
         try:
-            jobs = preflight(args.overrides, args.multirun)
+            jobs, multirun = preflight(argv, train)
         except HarnessError as e:
             print(f"deepnorm_exp: error: {e}", file=sys.stderr)
             sys.exit(e.exit_status)
-        if args.multirun and all_finished(jobs):  # a re-run of a finished sweep launches nothing
+        if multirun and all_finished(jobs):  # a re-run of a finished sweep launches nothing
             from .summary import format_table, load_summaries
 
             roots = sorted({Path(job.cfg.paths.runs) / str(job.cfg.experiment_name) for job in jobs})
@@ -120,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         print("deepnorm_exp: interrupted", file=sys.stderr)
         sys.exit(130)
     fixed = [job for job in jobs if job.fixed]
-    failed = failed_runs(fixed) if args.multirun else []
+    failed = failed_runs(fixed) if multirun else []
     if failed:
         print(f"deepnorm_exp: error: {len(failed)} of {len(fixed)} runs failed: " + "; ".join(failed), file=sys.stderr)
         sys.exit(1)

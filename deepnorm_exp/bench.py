@@ -275,6 +275,34 @@ def time_to_first_step(root: Path, logger: str) -> float:
     return elapsed
 
 
+PREFLIGHT_CHILD = """
+import json, sys, time
+started = time.perf_counter()
+from deepnorm_exp.preflight import JobComposer, hydra_command, planned_jobs, preflight
+from deepnorm_exp.__main__ import train
+from hydra._internal.utils import get_args_parser
+from hydra.types import RunMode
+imported = time.perf_counter()
+argv = sys.argv[1:]
+jobs, _ = preflight(argv)
+checked = time.perf_counter()
+with hydra_command(get_args_parser().parse_args(argv), train) as command:  # Hydra's own, one per job
+    master = command.compose(command.overrides, RunMode.MULTIRUN)
+    for job in planned_jobs(command, master, train)[0]:
+        command.config_loader.load_sweep_config(master, job)
+print(json.dumps({"jobs": len(jobs), "imports": imported - started, "check": checked - imported,
+                  "hydra_compositions": time.perf_counter() - checked}))
+"""
+
+
+def preflight_timing(root: Path) -> dict:
+    """The pre-flight check of experiment=paper_depth_sweep (54 jobs) in a fresh process, and Hydra's own
+    composition of the same 54 jobs (what its basic sweeper does again before launching them)."""
+    out = subprocess.run([sys.executable, "-c", PREFLIGHT_CHILD, "-m", "experiment=paper_depth_sweep",
+                          f"paths.runs={root / 'preflight'}"], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", choices=["bare", "harness"])
@@ -334,6 +362,10 @@ def main() -> None:
             first = {logger: time_to_first_step(root, logger) for logger in ("none", "wandb")}
             print(f"command to first step at depth 6: {first['none']:.2f} s (logger=none), "
                   f"{first['wandb']:.2f} s (logger=wandb, offline)")
+            check = preflight_timing(root)
+            print(f"pre-flight check of experiment=paper_depth_sweep ({check['jobs']} jobs): {check['check']:.2f} s "
+                  f"after {check['imports']:.2f} s of imports; Hydra composing each job once: "
+                  f"{check['hydra_compositions']:.2f} s ({check['hydra_compositions'] / check['check']:.1f}x the check)")
         if "instrumentation" in sections:
             instrumentation_section((shallow, deep), args.steps, args.rounds, root,
                                     direct_steps=102, direct_depth=shallow)

@@ -30,8 +30,9 @@ def make_scheme(cfg: DictConfig) -> NormScheme:
     return build_scheme(cfg.norm, model_depths(cfg), cfg.model.norm_eps)
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Every check that needs no compute: types, ranges, the scheme's and the data source's sections."""
+def check_config(cfg: DictConfig) -> int:
+    """Every check that needs no compute: types, ranges, the scheme's and the data source's sections.
+    Returns the longest sequence the model will be fed."""
     validate(cfg)
     model_cls = MODELS.get(cfg.model.kind)
     if cfg.model.encoder_depth is not None and "encoder" not in model_cls.stack_depths(cfg):
@@ -42,6 +43,7 @@ def check_config(cfg: DictConfig) -> None:
     if positions > cfg.model.max_seq_len:
         raise ConfigError("model.max_seq_len", cfg.model.max_seq_len,
                           f"data={cfg.data.name} feeds sequences of {positions} tokens; raise it or shorten the data")
+    return positions
 
 
 def build_model(cfg: DictConfig, scheme: NormScheme | None = None) -> nn.Module:
@@ -75,12 +77,11 @@ def check_writable_dir(key: str, value: str) -> None:
         raise ConfigError(key, value, f"{existing} is not writable (read-only file system or permissions)")
 
 
-def check_memory(cfg: DictConfig, device: torch.device):
-    """The memory estimate of training `cfg`; ConfigError if it exceeds the device (memory_check=false
-    lets it try anyway)."""
+def check_memory(cfg: DictConfig, device: torch.device, positions: int):
+    """The memory estimate of training `cfg` on sequences of `positions` tokens; ConfigError if it exceeds
+    the device (memory_check=false lets it try anyway)."""
     from .train.memory import GIB, device_memory, estimate
 
-    positions = check_data_config(cfg.data, MODELS.get(cfg.model.kind).task)
     guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions)
     available = device_memory(device)
     if cfg.memory_check and guess.total_bytes > available:
@@ -90,12 +91,12 @@ def check_memory(cfg: DictConfig, device: torch.device):
     return guess
 
 
-def check_runtime(cfg: DictConfig, here: bool = True):
+def check_runtime(cfg: DictConfig, positions: int, here: bool = True):
     """The checks that need a machine: records can be written, and (`here`: the jobs run on this machine,
-    not on a cluster's nodes) the device exists and training fits in its memory. Returns the memory
-    estimate, or None when not `here`."""
+    not on a cluster's nodes) the device exists and training fits in its memory (`positions`: what
+    check_config returned). Returns the memory estimate, or None when not `here`."""
     check_writable_dir("paths.runs", cfg.paths.runs)
     check_writable_dir("paths.cache", cfg.paths.cache)
     if not here:
         return None
-    return check_memory(cfg, resolve_device(cfg.device))
+    return check_memory(cfg, resolve_device(cfg.device), positions)

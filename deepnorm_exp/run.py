@@ -65,8 +65,7 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
     directory belongs to one trained config: resuming or re-using a run trained otherwise is refused.
     `callbacks`: extra observers (a notebook's, a benchmark's clock), run after the built-in ones.
     """
-    check_config(cfg)
-    memory = check_runtime(cfg)
+    memory = check_runtime(cfg, check_config(cfg))
     device = resolve_device(cfg.device)
     name = make_run_name(cfg, override_dirname)
     out_dir = make_run_dir(cfg, name)

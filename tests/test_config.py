@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import deepnorm_exp
-from deepnorm_exp.compose import expand_jobs
+from deepnorm_exp.preflight import preflight
 from deepnorm_exp.config import CONF_DIR
 from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.rundir import run_name
@@ -31,7 +31,7 @@ def test_every_config_in_conf_composes_and_checks(override):
 
 
 def test_quickstart_sweeps_three_norms_at_two_depths():
-    jobs = expand_jobs(["experiment=quickstart"], multirun=True)
+    jobs = [job.overrides for job in preflight(["-m", "experiment=quickstart"])[0]]
     combos = {tuple(sorted(j for j in job if j.split("=")[0] in ("norm", "depth"))) for job in jobs}
     assert len(jobs) == 6 and len(combos) == 6
     assert {dict(x.split("=") for x in c)["norm"] for c in combos} == {"post", "pre", "deepnorm"}
@@ -40,7 +40,7 @@ def test_quickstart_sweeps_three_norms_at_two_depths():
 
 
 def test_command_line_overrides_win_over_preset_sweep_axes():
-    jobs = expand_jobs(["experiment=quickstart", "norm=pre"], multirun=True)
+    jobs = [job.overrides for job in preflight(["-m", "experiment=quickstart", "norm=pre"])[0]]
     assert len(jobs) == 2 and all("norm=pre" in job for job in jobs)
 
 
@@ -116,8 +116,6 @@ def test_long_override_lists_make_unique_names_within_file_name_limits():
 
 
 def test_the_preflight_expands_glob_and_range_as_hydra_does(tmp_path):
-    from deepnorm_exp.compose import preflight
-
-    jobs = preflight(["norm=glob(p*)", "depth=range(2,4)", f"paths.runs={tmp_path}"], multirun=True)
+    jobs, _ = preflight(["-m", "norm=glob(p*)", "depth=range(2,4)", f"paths.runs={tmp_path}"])
     assert sorted((job.cfg.norm.name, job.cfg.depth) for job in jobs) == [
         ("periln", 2), ("periln", 3), ("post", 2), ("post", 3), ("pre", 2), ("pre", 3)]

@@ -116,5 +116,5 @@ def test_the_command_line_refuses_a_probed_key_before_anything_runs(tmp_path, ca
         main(["-m", "hydra/sweeper=frontier", "norm=post,pre", "train.lr=1e-3", f"paths.runs={tmp_path / 'runs'}"])
     assert exit.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert line.startswith("deepnorm_exp: error: train.lr=0.001 is invalid: hydra/sweeper=frontier probes train.lr")
+    assert line.startswith("deepnorm_exp: error: train.lr=1e-3 is invalid: hydra/sweeper=frontier probes train.lr")
     assert not (tmp_path / "runs").exists()

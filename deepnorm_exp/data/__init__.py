@@ -63,6 +63,9 @@ def _source(data_cfg: Any, task: str) -> type[DataSource]:
 
 
 def load_data(data_cfg: Any, cache_dir: str | Path, task: str = "lm") -> TaskData:
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # the harness has its own progress bar; datasets' would print one per split
     cls = _source(data_cfg, task)
     return cls(parse_section(cls.Config, data_cfg, "data"), Path(cache_dir)).load(task)
 

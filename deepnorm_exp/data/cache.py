@@ -20,15 +20,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
-
-from datasets import DatasetDict, load_from_disk
-from datasets.utils.logging import disable_progress_bar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from ..errors import RecordError
 from ..runlock import FileLock
 
-disable_progress_bar()  # the harness has its own progress bar; datasets' would print one per split
+if TYPE_CHECKING:  # `datasets` (a second to import) is imported where a dataset is loaded, not by the checks
+    from datasets import DatasetDict
 log = logging.getLogger("deepnorm_exp")
 
 MANIFEST = ".manifest.json"
@@ -122,5 +120,7 @@ def load_entry(path: Path, build: Callable[[Path], None], load: Callable[[Path],
 
 
 def cached_dataset(path: Path, build: Callable[[], DatasetDict]) -> DatasetDict:
+    from datasets import load_from_disk
+
     return load_entry(path, lambda directory: build().save_to_disk(str(directory)),
                       lambda entry: load_from_disk(str(entry)))

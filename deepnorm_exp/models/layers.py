@@ -128,9 +128,11 @@ class FeedForward(nn.Module):
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
-    position = torch.arange(n_positions, dtype=torch.float32)[:, None]
-    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
-    table = torch.zeros(n_positions, d_model)
+    # A constant table, made on the CPU whatever device the model is built under (on the meta device the
+    # pre-flight's parameter count would otherwise pay for torch._dynamo's import to run arange there).
+    position = torch.arange(n_positions, dtype=torch.float32, device="cpu")[:, None]
+    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32, device="cpu") * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model, device="cpu")
     table[:, 0::2] = torch.sin(position * freq)
     table[:, 1::2] = torch.cos(position * freq[: d_model // 2])
     return table

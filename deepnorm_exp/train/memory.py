@@ -23,7 +23,8 @@ import os
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
+from torch.overrides import TorchFunctionMode
+from omegaconf import DictConfig, OmegaConf
 
 GIB = 2**30
 STATE_BYTES = 20  # fp32 weight + gradient + Adam exp_avg + exp_avg_sq + the foreach update's temporary
@@ -48,10 +49,24 @@ class MemoryEstimate:
         return f"~{self.total_bytes / GIB:,.2f} GiB to train ({self.parts()})"
 
 
+class _SkipInPlace(TorchFunctionMode):
+    """In-place ops (the initialisers' normal_, uniform_, mul_ ...) on meta tensors do nothing: there is
+    no data. Skipping them also spares the pre-flight torch._dynamo's import (~2.5 s), which torch's
+    reference implementations of random initialisers on the meta device trigger."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        target = args[0] if args else kwargs.get("tensor", kwargs.get("input"))  # nn.init passes tensor=
+        if name.endswith("_") and not name.endswith("__") and getattr(target, "is_meta", False):
+            return target
+        return func(*args, **kwargs)
+
+
 def _meta_model(cfg: DictConfig, scheme, depths: dict[str, int]):
     from ..models import MODELS
 
-    with torch.device("meta"):
+    with torch.device("meta"), _SkipInPlace():
         return MODELS.get(cfg.model.kind)(cfg.model, depths, scheme)
 
 
@@ -64,17 +79,36 @@ def _blocks_per_layer(model) -> dict[str, list[str]]:
     return kinds
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What the parameter count and the activations follow, whatever the depth: the parameters of the
+    model at one layer per stack, those one more layer adds to each stack, each stack's sublayer kinds."""
+
+    base: int
+    per_layer: dict[str, int]
+    blocks: dict[str, list[str]]
+
+
+_SHAPES: dict[tuple, Shape] = {}  # a sweep over depth and seed has a handful of shapes, not one per job
+
+
+def shape(cfg: DictConfig, scheme, stacks: tuple[str, ...]) -> Shape:
+    key = (OmegaConf.to_yaml(cfg.model, resolve=True), OmegaConf.to_yaml(cfg.norm, resolve=True), stacks)
+    if key not in _SHAPES:
+        from ..models import count_params
+
+        ones = {stack: 1 for stack in stacks}
+        base_model = _meta_model(cfg, scheme, ones)
+        base = count_params(base_model)
+        per_layer = {stack: count_params(_meta_model(cfg, scheme, {**ones, stack: 2})) - base for stack in stacks}
+        _SHAPES[key] = Shape(base, per_layer, _blocks_per_layer(base_model))
+    return _SHAPES[key]
+
+
 def estimate(cfg: DictConfig, scheme, depths: dict[str, int], positions: int) -> MemoryEstimate:
     """`depths`: layers per stack (what the scheme was made for); `positions`: the longest sequence fed."""
-    from ..models import count_params
-
-    ones = {stack: 1 for stack in depths}
-    base_model = _meta_model(cfg, scheme, ones)
-    base = count_params(base_model)
-    params = base
-    for stack, depth in depths.items():
-        per_layer = count_params(_meta_model(cfg, scheme, {**ones, stack: 2})) - base
-        params += per_layer * (depth - 1)
+    model_shape = shape(cfg, scheme, tuple(depths))
+    params = model_shape.base + sum(model_shape.per_layer[stack] * (depth - 1) for stack, depth in depths.items())
 
     metrics = cfg.metrics
     copies = 4 if (metrics.update_norm or (metrics.layer_every and metrics.layer_updates)) else 0
@@ -83,7 +117,7 @@ def estimate(cfg: DictConfig, scheme, depths: dict[str, int], positions: int) ->
     float_bytes = 2 if (cfg.train.precision in ("bf16", "fp16") or (cfg.train.precision == "auto" and cfg.device != "cpu"
                                                           and torch.cuda.is_available())) else 4
     per_layer_floats = {stack: sum(ACTIVATION_FLOATS[kind](d, f) for kind in kinds)
-                        for stack, kinds in _blocks_per_layer(base_model).items()}
+                        for stack, kinds in model_shape.blocks.items()}
     if cfg.model.activation_checkpointing:
         kept = sum(d * depths[stack] for stack in per_layer_floats) + max(per_layer_floats.values())
     else:

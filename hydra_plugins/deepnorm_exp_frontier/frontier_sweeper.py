@@ -83,18 +83,24 @@ class FrontierSweeper(Sweeper):
             return summary.get("error") or summary.get("reason") or f"status {summary.get('status')}"
         return bool(summary.get("trained")) if self.stable_if == "trained" else True
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def planned_jobs(self, arguments: List[str]) -> List[List[str]]:
+        """The cells: the grid of the sweep's other axes (glob, range and the rest of Hydra's grammar), each
+        probed with `key` set. Also what the pre-flight checks before anything runs."""
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-        from deepnorm_exp.frontier import grid_runs, search
-
-        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         from deepnorm_exp.frontier import check_owned_keys
 
+        assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         axes = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         check_owned_keys(self.key, axes)
-        cells = [tuple(cell) for cell in BasicSweeper.split_arguments(parser.parse_overrides(axes), None)[0]]
+        return BasicSweeper.split_arguments(parser.parse_overrides(axes), None)[0]
+
+    def sweep(self, arguments: List[str]) -> Any:
+        from deepnorm_exp.frontier import grid_runs, search
+
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        cells = [tuple(cell) for cell in self.planned_jobs(arguments)]
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")

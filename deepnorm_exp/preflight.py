@@ -1,0 +1,243 @@
+"""The pre-flight check of a command line: every job it would launch, composed by Hydra itself, checked
+before any run directory or compute exists.
+
+One source of truth: the check builds Hydra from the command line exactly as `@hydra.main` does (the same
+search path, `--config-dir`, `--config-path`, `--config-name`, `hydra.searchpath`), asks Hydra for the mode
+(`-m` or `hydra.mode=MULTIRUN`), composes the sweep's master config, instantiates the sweeper the user
+selected and expands the sweep the way that sweeper will (Hydra's basic sweeper: its own parser, with the
+config loader for glob(), and its own `split_arguments`; a sweeper of ours: its `planned_jobs`). Each job's
+config is what the launcher will compose (`load_sweep_config`), only faster (JobComposer). A sweeper that
+chooses its jobs as it goes (Optuna, Nevergrad) cannot be expanded in advance: the settings its jobs share
+are checked here, and each job checks itself when it starts, before it computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, InstantiationException, MissingConfigException, SearchPathException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from .build import check_config, check_runtime
+from .compose import composition_error, missing_option
+from .config import CONF_DIR
+from .errors import ConfigError, first_line
+
+DEFAULT_CONFIG = "config"
+
+
+@dataclass
+class Job:
+    overrides: list[str]  # what the sweeper passes to the launcher
+    cfg: DictConfig  # checked, without the hydra node
+    override_dirname: str  # Hydra's, what the run directory is named from
+    fixed: bool  # launched exactly as composed (the basic sweeper); false when a sweeper picks values
+
+    @property
+    def run_dir(self) -> Path:
+        from .rundir import run_dir, run_name
+
+        return run_dir(self.cfg, run_name(self.cfg, self.override_dirname))
+
+
+@dataclass
+class Command:
+    """A command line as Hydra reads it: its Hydra instance (with the command's search path), the primary
+    config's name, the overrides and the mode."""
+
+    hydra: object  # hydra._internal.hydra.Hydra
+    config_name: str
+    overrides: list[str]
+    multirun: bool
+
+    @property
+    def config_loader(self):
+        return self.hydra.config_loader
+
+    def compose(self, overrides: Sequence[str], run_mode: RunMode) -> DictConfig:
+        with refusals(overrides, self.config_name):
+            return self.hydra.compose_config(self.config_name, list(overrides), run_mode=run_mode)
+
+
+@contextmanager
+def hydra_command(args: argparse.Namespace, task_function: Callable) -> Iterator[Command]:
+    """Hydra as `@hydra.main(config_path=CONF_DIR, config_name="config")` builds it for `args` (Hydra's own
+    argument parser's result); Hydra's global state is cleared on exit so that the app can run next."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import (create_automatic_config_search_path,
+                                       detect_calling_file_or_module_from_task_function, detect_task_name)
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.config_search_path import SearchPathQuery
+
+    task_function = getattr(task_function, "__wrapped__", task_function)
+    calling_file, calling_module = detect_calling_file_or_module_from_task_function(task_function)
+    search_path = create_automatic_config_search_path(calling_file, calling_module,
+                                                      args.config_path or str(CONF_DIR))
+    if args.config_dir is not None:
+        config_dir = os.path.abspath(args.config_dir)
+        if not os.path.isdir(config_dir):
+            raise ConfigError("--config-dir", args.config_dir, f"{config_dir} is not a directory")
+        search_path.prepend(provider="command-line", path=f"file://{config_dir}",
+                            anchor=SearchPathQuery(provider="schema"))
+    try:
+        hydra = Hydra.create_main_hydra2(task_name=detect_task_name(calling_file, calling_module),
+                                         config_search_path=search_path)
+        config_name = args.config_name or DEFAULT_CONFIG
+        mode = hydra.get_mode(config_name=config_name, overrides=list(args.overrides))
+        # As hydra._internal.utils._run_app decides: -m, or hydra.mode=MULTIRUN from the command or a config.
+        multirun = bool(args.multirun) or mode == RunMode.MULTIRUN
+        yield Command(hydra, config_name, list(args.overrides), multirun)
+    except SearchPathException as e:
+        raise ConfigError("--config-path" if args.config_path else "hydra.searchpath", args.config_path or "?",
+                          first_line(e)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@contextmanager
+def refusals(overrides: Sequence[str], config_name: str) -> Iterator[None]:
+    """Hydra's composition errors as one-line ConfigErrors naming the key (or the override) at fault."""
+    try:
+        yield
+    except MissingConfigException as e:
+        if (e.missing_cfg_file or "").strip("/") == config_name:
+            raise ConfigError("--config-name", config_name, first_line(e)) from None
+        raise missing_option(e) from None
+    except (HydraException, OmegaConfBaseException) as e:
+        raise composition_error(e, overrides) from None
+
+
+@dataclass
+class ComposedJob:
+    cfg: DictConfig  # the task's config, without the hydra node (what the task function receives)
+    override_dirname: str  # hydra.job.override_dirname
+    launcher: str  # hydra.launcher._target_
+
+
+class JobComposer:
+    """The config of one job of a sweep, equal to what the launcher composes with Hydra's
+    `config_loader.load_sweep_config(master, overrides)` (tests/test_preflight.py compares the two), at a
+    fraction of the cost for a large sweep.
+
+    Hydra composes a job in two stages: the defaults list (which config of each group; it depends only on
+    the group overrides, e.g. norm=post, and on the hydra.* overrides) is merged into a config, and then
+    the plain value overrides (depth=24, seed=1) are applied to it. The first stage is most of the cost
+    and a sweep has few distinct defaults lists, so it is composed once per distinct set of group and
+    hydra overrides, by Hydra; the second is done on a copy of the task's part, by Hydra's own function,
+    and `hydra.job.override_dirname` is computed as Hydra computes it.
+    """
+
+    def __init__(self, command: Command, master: DictConfig):
+        self.command, self.master = command, master
+        self.hydra_overrides = list(master.hydra.overrides.hydra)
+        self.repos: dict[tuple[str, ...], object] = {}  # the config repository per set of hydra overrides
+        self.bases: dict[tuple[str, ...], tuple[DictConfig, DictConfig]] = {}  # (task part, hydra node)
+
+    def _classify(self, overrides: list[str]):
+        """Hydra's parse of `overrides` and its value overrides (those applied after the defaults list)."""
+        from hydra._internal.defaults_list import Overrides
+
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        searchpath_key = tuple(o.input_line for o in parsed if o.is_hydra_override())
+        if searchpath_key not in self.repos:  # hydra.searchpath changes which groups exist
+            self.repos[searchpath_key] = self.command.config_loader._parse_overrides_and_create_caching_repo(
+                self.command.config_name, overrides)[1]
+        values = Overrides(self.repos[searchpath_key], parsed).config_overrides
+        return parsed, [o for o in values if not o.is_hydra_override()]
+
+    def __call__(self, job_overrides: Sequence[str]) -> ComposedJob:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+
+        job_overrides = list(job_overrides)
+        with refusals(job_overrides, self.command.config_name):
+            parsed, values = self._classify(self.hydra_overrides + job_overrides)
+            structural = tuple(o.input_line for o in parsed[len(self.hydra_overrides):]
+                               if not any(o is v for v in values))
+            if structural not in self.bases:
+                full = self.command.config_loader.load_sweep_config(self.master, list(structural))
+                hydra_node = full.hydra
+                with open_dict(full):
+                    del full["hydra"]
+                self.bases[structural] = (full, hydra_node)
+            task, hydra_node = self.bases[structural]
+            cfg = copy.deepcopy(task)
+            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        dirname = hydra_node.job.config.override_dirname
+        override_dirname = get_overrides_dirname(overrides=[o for o in parsed if not o.is_hydra_override()],
+                                                 kv_sep=dirname.kv_sep, item_sep=dirname.item_sep,
+                                                 exclude_keys=dirname.exclude_keys)
+        return ComposedJob(cfg, override_dirname, str(hydra_node.launcher.get("_target_", "")))
+
+
+def planned_jobs(command: Command, master: DictConfig, task_function: Callable) -> tuple[list[list[str]], bool]:
+    """The override list of every job the sweep launches, as the configured sweeper expands it, and whether
+    they are launched as they are (else the sweeper sets more keys on them, e.g. the frontier's lr)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext
+
+    class NoCallbacks:  # the sweeper's setup only stores them; the sweep's callbacks run when it launches
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    arguments = list(master.hydra.overrides.task)
+    with refusals(arguments, command.config_name):
+        try:
+            sweeper = Plugins.instance().instantiate_sweeper(
+                config=master, task_function=task_function,
+                hydra_context=HydraContext(config_loader=command.config_loader, callbacks=NoCallbacks()))
+        except (InstantiationException, ImportError, RuntimeError) as e:  # bad settings, not a plugin
+            cause = e.__cause__ or e  # instantiate's own message only says which target it called
+            raise ConfigError("hydra.sweeper", master.hydra.sweeper.get("_target_"), first_line(cause)) from None
+        if hasattr(sweeper, "planned_jobs"):  # ours (the frontier): the cells it will probe
+            return sweeper.planned_jobs(arguments), False
+        if isinstance(sweeper, BasicSweeper):
+            parser = OverridesParser.create(config_loader=command.config_loader)
+            axes = parser.parse_overrides(sweeper._parse_config() + arguments)
+            return BasicSweeper.split_arguments(axes, None)[0], True
+    # A sweeper that picks jobs as it goes: the settings every job shares (its own axes left out).
+    parsed = OverridesParser.create(config_loader=command.config_loader).parse_overrides(arguments)
+    return [[o.input_line for o in parsed if not o.is_sweep_override()]], False
+
+
+def check_job(overrides: list[str], job: ComposedJob, fixed: bool) -> Job:
+    from .run import check_claim
+
+    # A cluster launcher's jobs check their device and memory on their node, when they start.
+    check_runtime(job.cfg, check_config(job.cfg), here="Slurm" not in job.launcher)
+    checked = Job(overrides, job.cfg, job.override_dirname, fixed)
+    if fixed:
+        check_claim(checked.run_dir, job.cfg)
+    return checked
+
+
+def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tuple[list[Job], bool]:
+    """Compose and check every job `python -m deepnorm_exp <argv>` would launch (where the jobs run on this
+    machine, also its device and memory), and that no job would take over a run directory trained with
+    another config. Returns the jobs and whether the command is a multirun, or raises a HarnessError."""
+    from hydra._internal.utils import get_args_parser
+
+    if task_function is None:
+        from .__main__ import train as task_function
+    args = get_args_parser().parse_args(list(argv))
+    with hydra_command(args, task_function) as command:
+        if not command.multirun:
+            cfg = command.compose(command.overrides, RunMode.RUN)
+            hydra_node = cfg.hydra
+            with open_dict(cfg):
+                del cfg["hydra"]
+            job = ComposedJob(cfg, hydra_node.job.override_dirname, str(hydra_node.launcher.get("_target_", "")))
+            return [check_job(command.overrides, job, True)], False
+        master = command.compose(command.overrides, RunMode.MULTIRUN)
+        jobs, fixed = planned_jobs(command, master, task_function)
+        compose_job = JobComposer(command, master)
+        return [check_job(job, compose_job(job), fixed) for job in jobs], True

@@ -1,0 +1,174 @@
+"""The pre-flight check runs Hydra's own machinery: the config the user selected (--config-dir, -cn,
+hydra.searchpath), the sweeper the user selected, Hydra's whole override grammar; and each job's config
+is what Hydra's launcher composes (compared here with Hydra's `load_sweep_config`)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from omegaconf import OmegaConf, open_dict
+
+from conftest import TINY, run_cli
+from deepnorm_exp.__main__ import main, train
+from deepnorm_exp.preflight import JobComposer, hydra_command, planned_jobs, preflight
+
+
+def user_configs(root):
+    """A user's own config directory: a preset of their own and a primary config of their own."""
+    (root / "experiment").mkdir(parents=True)
+    (root / "experiment" / "my_preset.yaml").write_text(textwrap.dedent("""\
+        # @package _global_
+        defaults:
+          - override /norm: pre
+        experiment_name: mine
+        model: {d_model: 24, n_heads: 3}
+    """))
+    (root / "wide.yaml").write_text(textwrap.dedent("""\
+        defaults:
+          - config
+          - _self_
+        experiment_name: wide
+        model:
+          d_model: 48
+    """))
+    return root
+
+
+def args(argv):
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(argv)
+
+
+SWEEP = ["experiment=quickstart", "norm=post,pre", "depth=2,3", "+extra=1", "++seed=5", "~data.seed",
+         "train.betas=[0.9,0.95]", "experiment_name='a,b'", "hydra.job.config.override_dirname.kv_sep=:",
+         "data.vocab_size=range(30,32)", *TINY[:3]]
+
+
+def test_each_jobs_config_is_what_hydras_launcher_composes():
+    """JobComposer (composition reused across jobs) against Hydra's own per-job composition: group, value,
+    +key, ++key, ~key, list, quoted-comma, hydra and range() overrides, and a preset's sweep axes."""
+    with hydra_command(args(["-m", *SWEEP]), train) as command:
+        from hydra.types import RunMode
+
+        master = command.compose(command.overrides, RunMode.MULTIRUN)
+        jobs, fixed = planned_jobs(command, master, train)
+        assert fixed and len(jobs) == 2 * 2 * 2  # norm x depth x vocab_size; the preset's axes lose to these
+        compose_job = JobComposer(command, master)
+        for job in jobs:
+            ours = compose_job(job)
+            theirs = command.config_loader.load_sweep_config(master, job)
+            assert ours.override_dirname == theirs.hydra.job.override_dirname
+            assert ours.launcher == theirs.hydra.launcher._target_
+            with open_dict(theirs):
+                del theirs["hydra"]
+            assert OmegaConf.to_container(ours.cfg) == OmegaConf.to_container(theirs)
+            assert ours.cfg.experiment_name == "a,b" and ours.cfg.extra == 1 and "seed" not in ours.cfg.data
+        assert len(compose_job.bases) == 2  # one Hydra composition per norm, not one per job
+
+
+def test_a_large_sweep_is_composed_a_few_times_not_once_per_job(monkeypatch):
+    """The 54 jobs of paper_depth_sweep: Hydra composes the mode, the master config and one config per
+    norm (the work the check does, not its time: `make bench` section startup measures that)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    calls = []
+    original = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    jobs, multirun = preflight(["experiment=paper_depth_sweep", "-m"])
+    assert multirun and len(jobs) == 54 and len({job.run_dir for job in jobs}) == 54
+    assert len(calls) == 2 + 3
+
+
+def test_a_users_preset_and_primary_config_through_config_dir(tmp_path):
+    mine = user_configs(tmp_path / "mine")
+    jobs, _ = preflight(["--config-dir", str(mine), "experiment=my_preset", f"paths.runs={tmp_path}"])
+    assert (jobs[0].cfg.experiment_name, jobs[0].cfg.norm.name, jobs[0].cfg.model.d_model) == ("mine", "pre", 24)
+    # hydra.searchpath finds the same preset
+    jobs, _ = preflight([f"hydra.searchpath=[file://{mine}]", "experiment=my_preset", f"paths.runs={tmp_path}"])
+    assert jobs[0].cfg.experiment_name == "mine"
+    # -cn: the config that trains is the one checked (d_model 48 takes 3 heads; `config`'s 64 would not)
+    jobs, _ = preflight(["--config-dir", str(mine), "-cn", "wide", "model.n_heads=3", f"paths.runs={tmp_path}"])
+    assert (jobs[0].cfg.experiment_name, jobs[0].cfg.model.d_model, jobs[0].cfg.model.n_heads) == ("wide", 48, 3)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--config-dir", "/nonexistent/mine"], "--config-dir=/nonexistent/mine is invalid: /nonexistent/mine is not a directory"),
+    (["-cn", "nope"], "--config-name=nope is invalid: Cannot find primary config 'nope'"),
+    (["-cn", "wide", "model.n_heads=5"], "model.n_heads=5 is invalid: must divide model.d_model=48"),
+    (["experiment=my_preset", "model.n_heads=5"], "model.n_heads=5 is invalid: must divide model.d_model=24"),
+    (["-m", "hydra/sweeper=frontier", "hydra.sweeper.lr_min=1", "norm=post,pre"],
+     "hydra.sweeper=hydra_plugins.deepnorm_exp_frontier.frontier_sweeper.FrontierSweeper is invalid: "
+     "hydra.sweeper: need 0 < lr_min < lr_max"),
+    (["-m", "experiment=nope,my_preset"], "experiment=nope is invalid: choose one of: model_update, my_preset, paper_1000l"),
+])
+def test_bad_input_with_a_users_config_fails_in_one_line_before_any_run(tmp_path, capsys, argv, says):
+    mine = user_configs(tmp_path / "mine")
+    with pytest.raises(SystemExit) as exit:
+        main(["--config-dir", str(mine), *argv, f"paths.runs={tmp_path / 'runs'}"])
+    assert exit.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert line.startswith(f"deepnorm_exp: error: {says}"), line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_frontier_sweeper_expands_glob_and_range_into_its_cells(tmp_path):
+    jobs, multirun = preflight(["-m", "hydra/sweeper=frontier", "norm=glob(p*)", "depth=range(2,4)",
+                                f"paths.runs={tmp_path}"])
+    assert multirun and not any(job.fixed for job in jobs)  # the sweeper sets train.lr on each probe
+    assert sorted((job.cfg.norm.name, job.cfg.depth) for job in jobs) == [
+        ("periln", 2), ("periln", 3), ("post", 2), ("post", 3), ("pre", 2), ("pre", 3)]
+
+
+def test_the_issues_commands_run_as_hydra_runs_them(tmp_path, runs_root):
+    """--config-dir with a user's preset, and with a user's primary config (-cn), through the real CLI."""
+    mine = user_configs(tmp_path / "mine")
+    tiny = [*TINY, f"paths.runs={runs_root}", "logger=none"]
+    preset = run_cli("--config-dir", str(mine), "experiment=my_preset", *tiny[1:])  # the preset's d_model
+    assert preset.returncode == 0, preset.stderr
+    (summary,) = (runs_root / "mine").glob("*/summary.json")
+    assert json.loads(summary.read_text())["status"] == "completed"
+    wide = run_cli("--config-dir", str(mine), "-cn", "wide", "model.n_heads=3",
+                   *[o for o in tiny if not o.startswith(("model.d_model", "model.n_heads"))])
+    assert wide.returncode == 0, wide.stderr
+    (config,) = (runs_root / "wide").glob("*/config.yaml")
+    trained = OmegaConf.load(config)
+    assert (trained.model.d_model, trained.model.n_heads) == (48, 3)
+
+
+CHOOSING_SWEEPER = """
+from hydra.plugins.sweeper import Sweeper
+
+
+class ChoosingSweeper(Sweeper):
+    # Stands in for a sweeper that picks its jobs as it goes (Optuna's, Nevergrad's): none known ahead.
+    def setup(self, *, hydra_context, task_function, config):
+        self.config = config
+
+    def sweep(self, arguments):
+        raise AssertionError("the pre-flight never sweeps")
+"""
+
+
+def test_an_adaptive_sweepers_shared_settings_are_checked_before_it_starts(tmp_path, monkeypatch):
+    plugin = tmp_path / "plugins" / "hydra_plugins" / "choosing_sweeper_test"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text(CHOOSING_SWEEPER)
+    monkeypatch.syspath_prepend(str(tmp_path / "plugins"))  # hydra_plugins is a namespace package
+    from hydra.core.plugins import Plugins
+    from hydra.core.singleton import Singleton
+
+    monkeypatch.delitem(Singleton._instances, Plugins, raising=False)  # rescan the plugins (restored after)
+    mine = user_configs(tmp_path / "mine")
+    (mine / "hydra" / "sweeper").mkdir(parents=True)
+    (mine / "hydra" / "sweeper" / "choosing.yaml").write_text(
+        "_target_: hydra_plugins.choosing_sweeper_test.ChoosingSweeper\n")
+    common = ["-m", "--config-dir", str(mine), "hydra/sweeper=choosing", f"paths.runs={tmp_path}"]
+    jobs, multirun = preflight([*common, "norm=post,pre", "depth=2"])
+    assert multirun and [job.overrides for job in jobs] == [[f"paths.runs={tmp_path}", "depth=2"]]
+    assert not jobs[0].fixed  # the sweeper sets norm; each job checks itself again when it starts
+    with pytest.raises(Exception, match="model.n_heads=5 is invalid"):
+        preflight([*common, "norm=post,pre", "model.n_heads=5"])
