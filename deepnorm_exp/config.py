@@ -72,6 +72,8 @@ class TrainConfig:
     loss_scale_window: int = 2000  # fp16: steps without overflow before the scale doubles (torch's default)
     min_loss_scale: float = 1e-4  # fp16: a scale below this is a divergence (fairseq's --min-loss-scale)
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    parallel: str = "auto"  # auto (none for one process, ddp for several) | none | ddp | fsdp
+    micro_batch_size: Optional[int] = None  # rows per forward on each rank (gradient accumulation); null: all
 
 
 @dataclass
@@ -125,6 +127,7 @@ CHOICES = {
     "model.positions": ("sinusoidal", "learned"),
     "train.schedule": ("inverse_sqrt", "cosine", "constant"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
+    "train.parallel": ("auto", "none", "ddp", "fsdp"),
     "logger.backend": ("wandb", "none"),
     "logger.mode": ("offline", "online", "disabled"),
 }
@@ -197,6 +200,10 @@ def validate(cfg: DictConfig) -> None:
     betas = list(cfg.train.betas)
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError("train.betas", betas, "must be two numbers in [0, 1)")
+    micro = cfg.train.micro_batch_size
+    if micro is not None and (micro <= 0 or cfg.train.batch_size % micro):
+        raise ConfigError("train.micro_batch_size", micro,
+                          f"must be a positive divisor of train.batch_size={cfg.train.batch_size}, or null")
     if cfg.train.grad_clip is not None and cfg.train.grad_clip <= 0:
         raise ConfigError("train.grad_clip", cfg.train.grad_clip, "must be > 0, or null for no clipping")
     if cfg.threads is not None and cfg.threads <= 0:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .build import build_model, check_config, check_runtime, make_scheme, resolve_device
+from .build import build_model, check_config, check_runtime, make_scheme
 from .models import MODELS, count_params
 from .data import load_data
 from .errors import ConfigError, RecordError, one_line
@@ -22,6 +22,7 @@ from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
 from .sinks import build_sinks
 from .preemption import PreemptionGuard
+from .runtime import Runtime, init_runtime
 from .records import atomic_path, remove_temporaries
 from .runlock import RunLock
 from .summary import TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
@@ -29,12 +30,14 @@ from .train import checkpoint
 from .train.batches import RandomBatches
 from .train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics
 from .train.optim import build_optimizer, build_scheduler
+from .train.parallel import Routed, resolve_parallel, wrap
 from .train.memory import GIB
 from .train.trainer import Callback, Trainer, evaluate, to_device
 
 log = logging.getLogger("deepnorm_exp")
 
-RECORD_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "layers", "summary.json", "wandb", "checkpoint.pt")
+RECORD_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "layers", "summary.json", "wandb", "checkpoint.pt",
+                "checkpoint.dcp")
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -66,39 +69,60 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
     `callbacks`: extra observers (a notebook's, a benchmark's clock), run after the built-in ones.
     """
     memory = check_runtime(cfg, check_config(cfg))
-    device = resolve_device(cfg.device)
+    runtime = init_runtime(cfg.device)
+    if not runtime.is_main:
+        log.setLevel(logging.WARNING)  # the main process speaks for the run
     name = make_run_name(cfg, override_dirname)
     out_dir = make_run_dir(cfg, name)
     lock = RunLock(out_dir)
-    if not lock.acquire():
-        log.warning("%s: another process is running it; leaving it to that one", out_dir)
-        return {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
+    # The main process claims the run directory and decides; the other ranks of a distributed run follow.
+    plan = _plan(cfg, out_dir, lock) if runtime.is_main else None
+    plan = runtime.broadcast(plan)
+    if plan[0] != "train":
+        lock.release()
+        if plan[0] == "error":
+            raise plan[1]
+        return plan[1]
     guard = PreemptionGuard()
     try:
-        check_claim(out_dir, cfg)
-        previous = read_summary(out_dir / "summary.json")
-        if cfg.resume and previous is not None and previous.get("status") in FINAL:
-            log.info("%s: already %s, not run again (resume=false starts over)", out_dir, previous["status"])
-            return previous
-        for temporary in remove_temporaries(out_dir):  # a write that a kill interrupted
-            log.info("removed %s, left by an interrupted write", temporary)
-        resuming = cfg.resume and (out_dir / checkpoint.CHECKPOINT).exists()
-        if not resuming:
-            for stale in RECORD_FILES:  # starting over: nothing of an earlier attempt survives
-                path = out_dir / stale
-                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        with atomic_path(out_dir / "config.yaml") as temporary:
-            OmegaConf.save(cfg, temporary, resolve=True)
+        if runtime.is_main:
+            with atomic_path(out_dir / "config.yaml") as temporary:
+                OmegaConf.save(cfg, temporary, resolve=True)
         with guard:
-            summary = _train(cfg, device, name, out_dir, resuming, progress, callbacks, guard, memory)
+            summary = _train(cfg, runtime, name, out_dir, plan[1], progress, callbacks, guard, memory)
     finally:
         lock.release()
     guard.forward()  # after the records are written: a preemption's signal goes on (submitit requeues)
     return summary
 
 
+def _plan(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
+    """The main process's decision for a run directory, under its lock: ("train", resuming), ("skip",
+    summary) or ("error", the exception), so that every rank can act on it."""
+    if not lock.acquire():
+        log.warning("%s: another process is running it; leaving it to that one", out_dir)
+        return "skip", {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
+    try:
+        check_claim(out_dir, cfg)
+        previous = read_summary(out_dir / "summary.json")
+        if cfg.resume and previous is not None and previous.get("status") in FINAL:
+            log.info("%s: already %s, not run again (resume=false starts over)", out_dir, previous["status"])
+            return "skip", previous
+        for temporary in remove_temporaries(out_dir):  # a write that a kill interrupted
+            log.info("removed %s, left by an interrupted write", temporary)
+        resuming = cfg.resume and checkpoint.exists(out_dir)
+        if not resuming:
+            for stale in RECORD_FILES:  # starting over: nothing of an earlier attempt survives
+                path = out_dir / stale
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        return "train", resuming
+    except Exception as e:  # noqa: BLE001 - said on every rank
+        return "error", e
+
+
 TRAINED_KEYS = ("norm", "model", "data", "train", "depth", "seed")  # what decides the weights a run ends with
-UNTRAINED_TRAIN_KEYS = ("log_every", "eval_every", "ckpt_every", "keep_checkpoint")  # how often it is observed
+# How often it is observed, and how the same computation is laid out over processes and forwards.
+UNTRAINED_TRAIN_KEYS = ("log_every", "eval_every", "ckpt_every", "keep_checkpoint", "parallel", "micro_batch_size")
 
 
 def trained_config(container: dict) -> dict:
@@ -135,7 +159,7 @@ def check_claim(out_dir: Path, cfg: DictConfig) -> None:
     if not cfg.resume:
         return  # the old run is replaced
     finished = (read_summary(out_dir / "summary.json") or {}).get("status") in FINAL
-    if not finished and not (out_dir / checkpoint.CHECKPOINT).exists():
+    if not finished and not checkpoint.exists(out_dir):
         return  # nothing to take over: an unfinished run without a checkpoint starts over
     try:
         stored = OmegaConf.to_container(OmegaConf.load(out_dir / "config.yaml"), resolve=False)
@@ -147,12 +171,14 @@ def check_claim(out_dir: Path, cfg: DictConfig) -> None:
     check_same_training(stored, cfg, out_dir)
 
 
-def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, resuming: bool,
+def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming: bool,
            progress: bool | None, callbacks: Sequence[Callback], guard: PreemptionGuard, memory) -> dict:
     started = time.perf_counter()
+    device = runtime.device
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     scheme = make_scheme(cfg)
+    parallel = resolve_parallel(cfg.train.parallel, runtime)
     summary = {
         "status": "failed", "trained": None, "learned_fraction": None,
         "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": None,
@@ -163,51 +189,61 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, resu
         **scheme.constants(), "params": None, "memory_estimate_gib": memory.total_bytes / GIB,
         "tokens_per_s": None, "wall_s": None, "loss_scale": None, "skipped_steps": None,
         "experiment": cfg.experiment_name, "run_name": name, "run_dir": str(out_dir), "device": str(device),
-        "exact_match": None, "error": None,
+        "world_size": runtime.world_size, "parallel": parallel, "exact_match": None, "error": None,
     }
-    log.info("%s L%d on %s: %s", cfg.norm.name, cfg.depth, device, memory.describe())
+    if runtime.is_main:
+        log.info("%s L%d on %s%s: %s", cfg.norm.name, cfg.depth, device,
+                 f" x {runtime.world_size} ({parallel})" if runtime.distributed else "", memory.describe())
     sinks, trainer = [], None
     try:
+        check_layout(cfg, runtime, parallel)
         state = None
         if resuming:
-            state = checkpoint.load(out_dir / checkpoint.CHECKPOINT)
+            state = checkpoint.load_run(out_dir)
             check_same_training(state["config"], cfg, out_dir)
             summary["resumed_from_step"] = state["step"]
-            log.info("%s: resuming from step %d", out_dir, state["step"])
+            if runtime.is_main:
+                log.info("%s: resuming from step %d", out_dir, state["step"])
         data = load_data(cfg.data, cfg.paths.cache, MODELS.get(cfg.model.kind).task)
         if cfg.train.batch_size > data.train_size:
             raise ConfigError("train.batch_size", cfg.train.batch_size,
                               f"must be <= the {data.train_size} training examples")
         summary.update(optimal_loss=data.optimal_loss, unigram_loss=data.unigram_loss)
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = build_model(cfg, scheme).to(device)
         summary["params"] = count_params(model)
         # The scheme's pass before training (Admin's profiling), on the first rows; also when resuming, so the
         # model holds theta_0 exactly until the checkpoint is restored (the model update's reference).
         scheme.prepare(model, to_device({k: v[:cfg.train.batch_size] for k, v in data.train.items()}, device))
-        sinks = build_sinks(cfg, out_dir, name)
+        sinks = build_sinks(cfg, out_dir, name) if runtime.is_main else []
         dtype = autocast_dtype(cfg.train.precision, device)
+        if parallel == "fsdp":  # FSDP's mixed-precision policy casts the weights itself (fp32 reductions)
+            objective, dtype = wrap(model, runtime, parallel, param_dtype=dtype), None
+        else:
+            objective = wrap(model, runtime, parallel, param_dtype=None)
 
         def eval_loss() -> float:
-            return evaluate(model, data.eval, cfg.train.batch_size, device, dtype)
+            return evaluate(objective, data.eval, cfg.train.batch_size, device, dtype)
 
         metrics = ScalarMetrics(cfg.train.log_every)
         evaluation = Evaluation(cfg.train.eval_every, eval_loss)
         divergence = DivergenceDetector(cfg.train.divergence.spike_factor, cfg.train.divergence.spike_patience,
                                         cfg.train.min_loss_scale)
-        instruments, blocks = build_instruments(cfg.metrics, cfg.train.log_every, model, data.eval, device)
-        checkpointer = checkpoint.Checkpointer(out_dir / checkpoint.CHECKPOINT, cfg.train.ckpt_every,
-                                               guard.stop_reason,
+        instruments, blocks = build_instruments(cfg.metrics, cfg.train.log_every, model, data.eval, device,
+                                                routed=Routed(objective))
+        checkpointer = checkpoint.Checkpointer(out_dir, cfg.train.ckpt_every, guard.stop_reason,
                                                extra={"config": OmegaConf.to_container(cfg, resolve=True)})
         optimizer = build_optimizer(model, cfg.train, scheme.param_groups(model, cfg.train.lr))
         trainer = Trainer(
-            model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
-            batches=RandomBatches(data.train, cfg.train.batch_size, cfg.seed), steps=cfg.train.steps,
+            model=model, objective=objective, runtime=runtime, optimizer=optimizer,
+            scheduler=build_scheduler(optimizer, cfg.train), steps=cfg.train.steps,
+            batches=RandomBatches(data.train, cfg.train.batch_size, cfg.seed, runtime.rank, runtime.world_size),
+            micro_batch_size=cfg.train.micro_batch_size,
             device=device, autocast_dtype=dtype, grad_clip=cfg.train.grad_clip, scaler=loss_scaler(cfg.train, device),
             # Gatherers first, then the divergence check (it keeps the last record), the bar, the flusher;
             # the checkpointer last, once every other callback's state is final for the step.
             callbacks=[metrics, evaluation, *instruments, divergence,
-                       ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress),
+                       ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress if runtime.is_main else False),
                        RecordFlusher(sinks, blocks.columns()), *callbacks, checkpointer],
         )
         if state is not None:
@@ -238,9 +274,10 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, resu
         if data.task == "translation":
             from .translation_eval import exact_match
 
-            summary["exact_match"] = exact_match(model, data, cfg.data.eval_decode, cfg.train.batch_size, device)
-        if not cfg.train.keep_checkpoint:  # finished: nothing left to resume
-            (out_dir / checkpoint.CHECKPOINT).unlink(missing_ok=True)
+            summary["exact_match"] = exact_match(Routed(objective), data, cfg.data.eval_decode, cfg.train.batch_size,
+                                                 device)
+        if not cfg.train.keep_checkpoint and runtime.is_main:  # finished: nothing left to resume
+            checkpoint.remove(out_dir)
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops at the next step boundary, like SIGTERM)
         summary.update(status="interrupted", error="interrupted by SIGINT before a checkpoint")
         raise
@@ -251,11 +288,26 @@ def _train(cfg: DictConfig, device: torch.device, name: str, out_dir: Path, resu
         if trainer is not None:
             summary["steps_completed"] = trainer.step
         summary["wall_s"] = time.perf_counter() - started
-        try:
-            write_summary(out_dir / "summary.json", summary)
-        except OSError as e:  # a full disk: say so, and let the run's own error be the one raised
-            log.error("could not write %s: %s", out_dir / "summary.json", one_line(e))
-        for sink in sinks:
-            sink.finish(summary)
-        log.info(format_summary(summary))
+        if runtime.is_main:
+            try:
+                write_summary(out_dir / "summary.json", summary)
+            except OSError as e:  # a full disk: say so, and let the run's own error be the one raised
+                log.error("could not write %s: %s", out_dir / "summary.json", one_line(e))
+            for sink in sinks:
+                sink.finish(summary)
+            log.info(format_summary(summary))
     return summary
+
+
+def check_layout(cfg: DictConfig, runtime: Runtime, parallel: str) -> None:
+    """The global batch splits evenly over the ranks and each rank's share into micro-batches."""
+    share, micro = cfg.train.batch_size // runtime.world_size, cfg.train.micro_batch_size
+    if cfg.train.batch_size % runtime.world_size:
+        raise ConfigError("train.batch_size", cfg.train.batch_size,
+                          f"must split evenly over the {runtime.world_size} processes training the run")
+    if micro is not None and share % micro:
+        raise ConfigError("train.micro_batch_size", micro,
+                          f"must divide each process's {share} rows (train.batch_size / {runtime.world_size})")
+    if parallel == "fsdp" and cfg.train.precision == "fp16":
+        raise ConfigError("train.precision", "fp16", "FSDP here takes bf16 or fp32 (its loss scaling would "
+                          "need a sharded scaler); use train.precision=bf16")

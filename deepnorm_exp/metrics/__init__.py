@@ -19,8 +19,10 @@ from .updates import ParameterUpdates
 
 
 def build_instruments(cfg, log_every: int, model: nn.Module, eval_tensors: dict[str, torch.Tensor],
-                      device: torch.device) -> tuple[list[Callback], BlockIndex]:
-    """The instrument callbacks `cfg` (the `metrics` section) asks for, and the model's block index."""
+                      device: torch.device, routed=None) -> tuple[list[Callback], BlockIndex]:
+    """The instrument callbacks `cfg` (the `metrics` section) asks for, and the model's block index.
+    Build them after the model is wrapped for parallel training (FSDP replaces its parameters); `routed`:
+    the model through its wrapped objective (train/parallel.py: Routed), for the first probe forward."""
     index = BlockIndex.of(model)
     layer_grads = bool(cfg.layer_every and cfg.layer_grads)
     layer_updates = bool(cfg.layer_every and cfg.layer_updates)
@@ -34,7 +36,7 @@ def build_instruments(cfg, log_every: int, model: nn.Module, eval_tensors: dict[
         instruments.append(ParameterUpdates(blocks, log_every if cfg.update_norm else 0,
                                             cfg.layer_every if layer_updates else 0))
     if cfg.model_update:
-        instruments.append(ModelUpdate(probe, log_every, model))
+        instruments.append(ModelUpdate(probe, log_every, routed or model))
     if activations:
         instruments.append(ActivationStats(index, probe, cfg.layer_every))
     return instruments, index

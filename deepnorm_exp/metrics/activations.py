@@ -36,11 +36,11 @@ class ActivationStats(Callback):
 
     def on_train_start(self, trainer: Trainer) -> None:
         if trainer.step == 0:  # not again when resuming
-            trainer.layer_record.update(self.measure(trainer.model))
+            trainer.layer_record.update(self.measure(trainer.routed))
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
         if is_due(out.step, self.every, trainer.steps):
-            trainer.layer_record.update(self.measure(trainer.model))
+            trainer.layer_record.update(self.measure(trainer.routed))
 
     def measure(self, model: nn.Module) -> dict:
         n = len(self.index)

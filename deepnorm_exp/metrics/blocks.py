@@ -36,9 +36,18 @@ class BlockIndex:
 
 
 def squared_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """||t||^2 of each tensor, as one float32 vector; one fused kernel per dtype/device group."""
+    """||t||^2 of each tensor, as one float32 vector; one fused kernel per dtype/device group.
+
+    FSDP's sharded tensors (DTensors, each rank a shard along dim 0) give the whole tensor's norms: the
+    shards' squared norms summed over the ranks, a collective every rank makes at the same step."""
     if not tensors:
         return torch.zeros(0)
+    mesh = getattr(tensors[0], "device_mesh", None)
+    if mesh is not None:
+        local = [t.to_local() for t in tensors]
+        squared = torch.stack(torch._foreach_norm(local)).float().square()
+        torch.distributed.all_reduce(squared, group=mesh.get_group())
+        return squared
     # torch._foreach_norm is what torch.nn.utils.get_total_norm and the foreach optimizers use.
     return torch.stack(torch._foreach_norm(tensors)).float().square()
 

@@ -30,12 +30,12 @@ class ModelUpdate(Callback):
 
     def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
         if is_due(out.step, self.every, trainer.steps):
-            self.previous = self.probe.features(trainer.model)  # theta_{t-1}: the optimizer has not stepped
+            self.previous = self.probe.features(trainer.routed)  # theta_{t-1}: the optimizer has not stepped
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
         if self.previous is None:
             return
-        current = self.probe.features(trainer.model)
+        current = self.probe.features(trainer.routed)
         trainer.record.update(model_update=rms_distance(current, self.initial),
                               model_update_step=rms_distance(current, self.previous))
         self.previous = None

@@ -9,7 +9,7 @@ from torch import nn
 class Probe:
     """A few held-out examples, chosen once before training (the first `size` of the eval split).
 
-    `features(model)` runs F(x) on them in eval mode (no dropout), without gradients, in full precision
+    `features(model)` (a model, or Trainer.routed under data parallelism) runs F(x) on them in eval mode (no dropout), without gradients, in full precision
     (bf16 noise would swamp the small updates being measured) and inside `fork_rng`, so measuring never
     changes what training computes or the random numbers it draws.
     """

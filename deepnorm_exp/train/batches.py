@@ -14,9 +14,16 @@ class RandomBatches:
     resumed run draws exactly the batches an uninterrupted one would have.
     """
 
-    def __init__(self, tensors: dict[str, torch.Tensor], batch_size: int, seed: int):
+    def __init__(self, tensors: dict[str, torch.Tensor], batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1):
         # tensors, or any rows indexable by an index tensor (memory-mapped data.packing.TokenBlocks)
         self.tensors, self.batch_size = tensors, batch_size
+        # Data parallelism: every rank draws the same global batch and takes its own contiguous share, so the
+        # run sees the same examples at every world size (and a checkpoint resumes at another one).
+        if batch_size % world_size:
+            raise ValueError(f"batch size {batch_size} does not split over {world_size} ranks")
+        share = batch_size // world_size
+        self.rows = slice(rank * share, (rank + 1) * share)
         self.n = len(next(iter(tensors.values())))
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch_start_state: torch.Tensor | None = None
@@ -34,7 +41,7 @@ class RandomBatches:
     def __next__(self) -> dict[str, torch.Tensor]:
         if self.order is None or self.position + self.batch_size > self.n:
             self._new_epoch()
-        index = self.order[self.position:self.position + self.batch_size]
+        index = self.order[self.position:self.position + self.batch_size][self.rows]
         self.position += self.batch_size
         return {name: t[index] for name, t in self.tensors.items()}
 

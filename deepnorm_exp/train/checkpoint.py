@@ -24,6 +24,7 @@ import torch
 
 from ..errors import RecordError, first_line
 from ..records import atomic_path
+from . import sharded
 from .trainer import Callback, StepOutput, Trainer
 
 log = logging.getLogger("deepnorm_exp")
@@ -44,11 +45,12 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def trainer_state(trainer: Trainer) -> dict:
+def trainer_state(trainer: Trainer, weights: bool = True) -> dict:
+    """Everything a resumed run needs; `weights=False`: without model and optimizer (a sharded checkpoint
+    saves those through DCP)."""
     return {
         "step": trainer.step,
-        "model": trainer.model.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
+        **({"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()} if weights else {}),
         "scheduler": trainer.scheduler.state_dict(),
         "batches": trainer.batches.state_dict(),
         "rng": rng_state(),
@@ -116,12 +118,36 @@ def load(path: Path) -> dict:
     return state
 
 
+def exists(run_dir: Path) -> bool:
+    """Whether the run directory holds a checkpoint (one process's file, or a sharded one)."""
+    return (run_dir / CHECKPOINT).exists() or sharded.locate(run_dir / sharded.SHARDED) is not None
+
+
+def load_run(run_dir: Path) -> dict:
+    """The run's latest checkpoint: `checkpoint.pt`, or a sharded checkpoint's trainer state (its model and
+    optimizer are read by `restore`, into the model as this run lays it out). Where a kill between saving
+    one kind and deleting the other left both, the later step wins."""
+    candidates = []
+    if (run_dir / CHECKPOINT).exists():
+        candidates.append(load(run_dir / CHECKPOINT))
+    directory = sharded.locate(run_dir / sharded.SHARDED)
+    if directory is not None:
+        candidates.append({**load(directory / sharded.TRAINER_STATE), "sharded": str(directory)})
+    return max(candidates, key=lambda state: state["step"])
+
+
 def restore(trainer: Trainer, state: dict) -> None:
     """Put a freshly built trainer (same config) where `state` left off. Callbacks are matched by name: one
     that the checkpoint does not know starts fresh (a metric switched on for the resumed run), a saved one
     that this run does not install is dropped (a metric switched off)."""
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    if "sharded" in state:
+        sharded.load_model_and_optimizer(Path(state["sharded"]), trainer.model, trainer.optimizer)
+    elif trainer.runtime.distributed:
+        raise RecordError(f"{CHECKPOINT} was written by one process; resume it with one process, "
+                          f"or resume=false to start over with {trainer.runtime.world_size}")
+    else:
+        trainer.model.load_state_dict(state["model"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.batches.load_state_dict(state["batches"])
     if trainer.scaler is not None and state.get("scaler"):
@@ -133,23 +159,42 @@ def restore(trainer: Trainer, state: dict) -> None:
         else:
             log.info("%s: not in the checkpoint, starts fresh at step %d", callback.name, state["step"])
     trainer.step = state["step"]
-    set_rng_state(state["rng"])
+    rngs = state.get("rngs") or [state["rng"]]  # a sharded checkpoint has every rank's
+    set_rng_state(rngs[trainer.runtime.rank] if trainer.runtime.rank < len(rngs) else rngs[0])
 
 
 class Checkpointer(Callback):
     """Saves every `every` steps (0: never), and at once when `stop_requested()` says the run must stop
-    (a preemption signal); install it last so every other callback's state is final for the step."""
+    (a preemption signal, on any rank: every rank saves and stops at the same step); install it last so
+    every other callback's state is final for the step. One process writes `checkpoint.pt`; several write
+    a sharded checkpoint together (train/sharded.py)."""
 
-    def __init__(self, path: Path, every: int, stop_requested=lambda: None, extra: dict | None = None):
-        self.path, self.every, self.stop_requested = path, every, stop_requested
+    def __init__(self, run_dir: Path, every: int, stop_requested=lambda: None, extra: dict | None = None):
+        self.run_dir, self.every, self.stop_requested = Path(run_dir), every, stop_requested
         self.extra = extra or {}  # saved alongside (the run's config, to refuse resuming a different run)
         self.saved_step: int | None = None
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
-        reason = self.stop_requested()
+        reason = trainer.runtime.agree(self.stop_requested())
         due = self.every > 0 and out.step % self.every == 0 and out.step < trainer.steps
         if due or reason:
-            save(self.path, {**trainer_state(trainer), **self.extra})
+            self.save(trainer)
             self.saved_step = out.step
         if reason:
             trainer.request_stop(reason)
+
+    def save(self, trainer: Trainer) -> None:
+        if not trainer.runtime.distributed:
+            save(self.run_dir / CHECKPOINT, {**trainer_state(trainer), **self.extra})
+            sharded.remove(self.run_dir / sharded.SHARDED)  # resumed on one process from a sharded one
+            return
+        sharded.save(self.run_dir / sharded.SHARDED, trainer.model, trainer.optimizer,
+                     {**trainer_state(trainer, weights=False), **self.extra}, trainer.runtime, save)
+        if trainer.runtime.is_main:
+            (self.run_dir / CHECKPOINT).unlink(missing_ok=True)
+
+
+def remove(run_dir: Path) -> None:
+    """Delete the run's checkpoints (a finished run has nothing left to resume)."""
+    (run_dir / CHECKPOINT).unlink(missing_ok=True)
+    sharded.remove(run_dir / sharded.SHARDED)

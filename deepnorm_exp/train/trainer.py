@@ -16,7 +16,9 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
+from ..runtime import Runtime
 from .batches import sequential_batches
+from .parallel import no_gradient_sync
 
 
 @dataclass
@@ -84,9 +86,23 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return {name: t.to(device, non_blocking=True) for name, t in batch.items()}
 
 
+def micro_batches(batch: dict[str, torch.Tensor], size: int | None) -> list[dict[str, torch.Tensor]]:
+    """`batch` in slices of `size` rows (gradient accumulation); the whole batch when size is None."""
+    rows = len(next(iter(batch.values())))
+    if size is None or size >= rows:
+        return [batch]
+    return [{name: t[start:start + size] for name, t in batch.items()} for start in range(0, rows, size)]
+
+
+def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of all `tensors` together; for FSDP's sharded (DTensor) gradients, of the whole model."""
+    norm = torch.nn.utils.get_total_norm(tensors)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
 @dataclass
 class Trainer:
-    model: nn.Module
+    model: nn.Module  # the model itself (what the instruments measure and checkpoints hold)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     batches: Iterator[dict[str, torch.Tensor]]
@@ -96,6 +112,10 @@ class Trainer:
     grad_clip: float | None = None
     scaler: torch.amp.GradScaler | None = None  # fp16: dynamic loss scaling (skips the steps that overflow)
     callbacks: Sequence[Callback] = ()
+    # What the step calls: the model's loss as a module (train/parallel.py), inside DDP/FSDP when wrapped.
+    objective: nn.Module | None = None
+    runtime: Runtime = field(default_factory=lambda: Runtime(torch.device("cpu")))
+    micro_batch_size: int | None = None  # gradient accumulation: rows per forward (None: the whole batch)
     step: int = 0  # optimizer steps completed
     stop_reason: str | None = None
     # What callbacks gather for the current step; a flushing callback hands them to the sinks. Cleared
@@ -109,42 +129,83 @@ class Trainer:
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:  # checkpoints keep callback state by name: two of one name would share it
             raise ValueError(f"callbacks need distinct names (override `name`): {', '.join(duplicates)}")
+        if self.objective is None:
+            from .parallel import Objective
+
+            self.objective = Objective(self.model)
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
+
+    def agree_on_stop(self) -> None:
+        """Every rank stops at the same step: if any rank's callbacks asked to stop, all do (with its reason).
+        A rank that stopped alone would leave the others waiting in a collective."""
+        self.stop_reason = self.runtime.agree(self.stop_reason)
+
+    @property
+    def routed(self):
+        """The model through its objective, for forwards outside the training step (train/parallel.py)."""
+        from .parallel import Routed
+
+        return Routed(self.objective)
 
     def _emit(self, hook: str, *args) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
 
     def fit(self) -> None:
-        self.model.train()
+        self.objective.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self._emit("on_train_start")
         with frozen_gc():
             self._loop(params)
         self._emit("on_train_end")
 
+    def _forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[float, int, float | None]:
+        """Gradients of the step's loss in every parameter's .grad (unscaled); (loss, tokens, loss scale).
+
+        The loss is the mean over every target token of the global batch, whatever the world size and the
+        micro-batching: each forward's token-summed loss is backpropagated and the gradients divided by the
+        global token count once (DDP and FSDP average over ranks, so times the world size), which gives the
+        single-process gradient also when ranks see different token counts (padding). One process without
+        micro-batches keeps the plain path, mean loss and backward, exactly as it always computed."""
+        loss_scale = self.scaler.get_scale() if self.scaler is not None else None
+        pieces = micro_batches(batch, self.micro_batch_size)
+        if len(pieces) == 1 and not self.runtime.distributed:
+            with autocast_context(self.device, self.autocast_dtype):
+                loss, tokens = self.objective(to_device(batch, self.device))
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)  # what every callback sees are the true gradients
+            return loss.item(), tokens, loss_scale
+        loss_sum, tokens = 0.0, 0
+        for i, piece in enumerate(pieces):
+            with no_gradient_sync(self.objective, skip=i < len(pieces) - 1):
+                with autocast_context(self.device, self.autocast_dtype):
+                    loss, count = self.objective(to_device(piece, self.device))
+                summed = loss * count
+                (summed if self.scaler is None else self.scaler.scale(summed)).backward()
+            loss_sum += summed.item()
+            tokens += count
+        loss_sum, total = self.runtime.sum([loss_sum, tokens])
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, self.runtime.world_size / total)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        return loss_sum / total, int(total), loss_scale
+
     def _loop(self, params: list[torch.nn.Parameter]) -> None:
         while self.step < self.steps and self.stop_reason is None:
             started = time.perf_counter()
-            batch = to_device(next(self.batches), self.device)
-            with autocast_context(self.device, self.autocast_dtype):
-                loss, tokens = self.model.loss(batch)
-            loss_scale = None
-            if self.scaler is None:
-                loss.backward()
-            else:
-                loss_scale = self.scaler.get_scale()
-                self.scaler.scale(loss).backward()
-                self.scaler.unscale_(self.optimizer)  # what every callback sees are the true gradients
+            loss, tokens, loss_scale = self._forward_backward(next(self.batches))
             # No list of the grads outlives this line: it would keep last step's gradients alive (a
             # parameter-sized copy of memory) after zero_grad, through the next backward.
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            out = StepOutput(step=self.step + 1, loss=loss.item(), grad_norm=grad_norm.item(),
+            grad_norm = global_norm([p.grad for p in params if p.grad is not None])
+            out = StepOutput(step=self.step + 1, loss=loss, grad_norm=grad_norm.item(),
                              lr=self.optimizer.param_groups[0]["lr"], tokens=tokens, loss_scale=loss_scale)
             out.overflow = self.scaler is not None and not math.isfinite(out.grad_norm)
             self._emit("after_backward", out)
+            self.agree_on_stop()
             if self.stop_reason is not None:
                 break  # a refused step: the weights stay as they were before it
             if self.grad_clip is not None and not out.overflow:
@@ -160,22 +221,25 @@ class Trainer:
             self.step = out.step
             out.seconds = time.perf_counter() - started
             self._emit("on_step_end", out)
+            self.agree_on_stop()
             self.record.clear()
             self.layer_record.clear()
             self.events.clear()
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, tensors: dict[str, torch.Tensor], batch_size: int, device: torch.device,
+def evaluate(objective: nn.Module, tensors: dict[str, torch.Tensor], batch_size: int, device: torch.device,
              autocast_dtype: torch.dtype | None = None) -> float:
-    """Mean loss per target token over every example, in eval mode; restores the previous mode."""
-    was_training = model.training
-    model.eval()
+    """Mean loss per target token over every example, in eval mode; restores the previous mode.
+    `objective`: the model's loss as a module (train/parallel.py). Every rank of a distributed run
+    evaluates every example: under FSDP each forward is a collective."""
+    was_training = objective.training
+    objective.eval()
     total, count = 0.0, 0
     for batch in sequential_batches(tensors, batch_size):
         with autocast_context(device, autocast_dtype):
-            loss, tokens = model.loss(to_device(batch, device))
+            loss, tokens = objective(to_device(batch, device))
         total += loss.item() * tokens
         count += tokens
-    model.train(was_training)
+    objective.train(was_training)
     return total / count

@@ -1,0 +1,120 @@
+"""Data parallelism through PyTorch's own engine: DistributedDataParallel, or FSDP2 (`fully_shard`) on every
+residual block and the root.
+
+The trainer calls an `Objective`: a module whose forward is the model's loss on a batch. Wrappers (DDP,
+FSDP, torch.compile) wrap it, so they sit in the path of every training and evaluation forward; the model
+itself (`objective.model`) stays reachable for the instruments and the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..runtime import Runtime
+
+PARALLEL = ("auto", "none", "ddp", "fsdp")
+
+
+class Objective(nn.Module):
+    """forward(batch) = model.loss(batch): a LossOutput (mean loss over the batch's target tokens, tokens).
+    `method=` runs another of the model's methods through the same forward (see Routed)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, method: str = "loss", **kwargs):
+        return getattr(self.model, method)(*args, **kwargs)
+
+
+class Routed:
+    """The model as seen through its (possibly wrapped) Objective: `routed.features(batch)` runs
+    `objective(batch, method="features")`. What measures or decodes with the model outside the training
+    step uses this, so FSDP gathers the sharded weights (its root gathers its own only in the root's
+    forward) and every rank takes part. Every rank must make the same calls under FSDP."""
+
+    def __init__(self, objective: nn.Module):
+        self.objective = objective
+
+    @property
+    def training(self) -> bool:
+        return self.objective.training
+
+    def train(self, mode: bool = True):
+        return self.objective.train(mode)
+
+    def eval(self):
+        return self.objective.eval()
+
+    def __getattr__(self, method: str):
+        def call(*args, **kwargs):
+            try:
+                return self.objective(*args, method=method, **kwargs)
+            finally:
+                # FSDP keeps the root's weights gathered after a forward outside backward; the next
+                # training forward would then leave their gradients out of the reduction. Shard them again.
+                reshard = getattr(self.objective, "reshard", None)
+                if reshard is not None:
+                    reshard()
+        return call
+
+
+def resolve_parallel(parallel: str, runtime: Runtime) -> str:
+    """`auto`: none for one process, ddp for several."""
+    if parallel == "auto":
+        return "ddp" if runtime.distributed else "none"
+    if parallel != "none" and not runtime.distributed:
+        return "none"  # one process: DDP and FSDP would only add work (a one-rank checkpoint still reshards)
+    return parallel
+
+
+def wrap(model: nn.Module, runtime: Runtime, parallel: str, param_dtype: torch.dtype | None) -> nn.Module:
+    """The Objective of `model`, wrapped for `parallel` (none | ddp | fsdp, resolved)."""
+    objective = Objective(model)
+    if parallel == "none":
+        return objective
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+        return DistributedDataParallel(objective, device_ids=ids)
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # bf16 parameters in compute, gradients reduced in fp32 (the usual FSDP2 recipe, torchtitan's)
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) \
+            if param_dtype is not None else MixedPrecisionPolicy()
+        for _, _, _, block in model.residual_blocks():
+            fully_shard(block, mp_policy=policy)
+        fully_shard(objective, mp_policy=policy)
+        return objective
+    raise ConfigError("train.parallel", parallel, f"choose one of: {', '.join(PARALLEL)}")
+
+
+def unwrap(objective: nn.Module) -> nn.Module:
+    """The model inside an Objective, whatever wraps it."""
+    inner = getattr(objective, "module", objective)  # DDP
+    inner = getattr(inner, "_orig_mod", inner)  # torch.compile
+    return inner.model
+
+
+@contextlib.contextmanager
+def no_gradient_sync(objective: nn.Module, skip: bool):
+    """Gradient accumulation: the micro-batches before the last one of a step do not reduce gradients."""
+    if not skip:
+        yield
+    elif hasattr(objective, "no_sync"):  # DDP
+        with objective.no_sync():
+            yield
+    elif hasattr(objective, "set_requires_gradient_sync"):  # FSDP2
+        objective.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            objective.set_requires_gradient_sync(True)
+    else:
+        yield
