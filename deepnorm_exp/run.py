@@ -31,6 +31,7 @@ from .train.batches import RandomBatches
 from .train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics
 from .train.optim import build_optimizer, build_scheduler
 from .train.parallel import Routed, resolve_parallel, wrap
+from .train.throughput import Throughput, flops_per_token, peak_flops
 from .train.memory import GIB
 from .train.trainer import Callback, Trainer, evaluate, to_device
 
@@ -68,7 +69,8 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
     directory belongs to one trained config: resuming or re-using a run trained otherwise is refused.
     `callbacks`: extra observers (a notebook's, a benchmark's clock), run after the built-in ones.
     """
-    memory = check_runtime(cfg, check_config(cfg))
+    positions = check_config(cfg)
+    memory = check_runtime(cfg, positions)
     runtime = init_runtime(cfg.device)
     if not runtime.is_main:
         log.setLevel(logging.WARNING)  # the main process speaks for the run
@@ -89,7 +91,7 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
             with atomic_path(out_dir / "config.yaml") as temporary:
                 OmegaConf.save(cfg, temporary, resolve=True)
         with guard:
-            summary = _train(cfg, runtime, name, out_dir, plan[1], progress, callbacks, guard, memory)
+            summary = _train(cfg, runtime, name, out_dir, plan[1], progress, callbacks, guard, memory, positions)
     finally:
         lock.release()
     guard.forward()  # after the records are written: a preemption's signal goes on (submitit requeues)
@@ -172,7 +174,8 @@ def check_claim(out_dir: Path, cfg: DictConfig) -> None:
 
 
 def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming: bool,
-           progress: bool | None, callbacks: Sequence[Callback], guard: PreemptionGuard, memory) -> dict:
+           progress: bool | None, callbacks: Sequence[Callback], guard: PreemptionGuard, memory,
+           positions: int) -> dict:
     started = time.perf_counter()
     device = runtime.device
     if cfg.threads:
@@ -187,7 +190,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         "diverged_at_step": None, "divergence_reason": None, "divergence": None,
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
         **scheme.constants(), "params": None, "memory_estimate_gib": memory.total_bytes / GIB,
-        "tokens_per_s": None, "wall_s": None, "loss_scale": None, "skipped_steps": None,
+        "tokens_per_s": None, "flops_per_token": None, "mfu": None, "wall_s": None, "loss_scale": None, "skipped_steps": None,
         "experiment": cfg.experiment_name, "run_name": name, "run_dir": str(out_dir), "device": str(device),
         "world_size": runtime.world_size, "parallel": parallel, "exact_match": None, "error": None,
     }
@@ -226,6 +229,9 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
             return evaluate(objective, data.eval, cfg.train.batch_size, device, dtype)
 
         metrics = ScalarMetrics(cfg.train.log_every)
+        summary["flops_per_token"] = flops_per_token(model, positions)
+        throughput = Throughput(summary["flops_per_token"], peak_flops(device, cfg.train.peak_tflops),
+                                runtime.world_size)
         evaluation = Evaluation(cfg.train.eval_every, eval_loss)
         divergence = DivergenceDetector(cfg.train.divergence.spike_factor, cfg.train.divergence.spike_patience,
                                         cfg.train.min_loss_scale)
@@ -242,7 +248,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
             device=device, autocast_dtype=dtype, grad_clip=cfg.train.grad_clip, scaler=loss_scaler(cfg.train, device),
             # Gatherers first, then the divergence check (it keeps the last record), the bar, the flusher;
             # the checkpointer last, once every other callback's state is final for the step.
-            callbacks=[metrics, evaluation, *instruments, divergence,
+            callbacks=[metrics, throughput, evaluation, *instruments, divergence,
                        ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress if runtime.is_main else False),
                        RecordFlusher(sinks, blocks.columns()), *callbacks, checkpointer],
         )
@@ -250,7 +256,8 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
             checkpoint.restore(trainer, state)
             del state
         trainer.fit()
-        summary.update(final_loss=metrics.last_loss, tokens_per_s=metrics.mean_tokens_per_s)
+        summary.update(final_loss=metrics.last_loss, tokens_per_s=metrics.mean_tokens_per_s,
+                       mfu=throughput.mfu(metrics.mean_tokens_per_s))
         if trainer.scaler is not None:
             summary.update(loss_scale=trainer.scaler.get_scale(), skipped_steps=metrics.skipped_steps)
         if guard.stop_reason() is not None and divergence.event is None:

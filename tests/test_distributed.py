@@ -163,6 +163,32 @@ def test_a_two_rank_checkpoint_resumes_on_one_process(runs, tmp_path):
     assert_close([r["loss"] for r in one], [r["loss"] for r in again])
 
 
+def test_a_preempted_two_rank_run_checkpoints_on_both_ranks_at_one_step_and_resumes(runs, tmp_path):
+    """SLURM signals every task: each rank records SIGTERM when it can (rank 1 is then blocked in a
+    collective), they agree on one step, checkpoint together and stop; the re-run continues bit for bit."""
+    args = [*COMMON, f"paths.runs={tmp_path / 'runs'}", "train.ckpt_every=0"]
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    proc = torchrun(*args, env_extra=pause_env(pause, 7), popen=True)
+    deadline = time.monotonic() + 300
+    while not (pause / "paused").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    for pid in descendants(proc.pid):
+        os.kill(pid, signal.SIGTERM)
+    (pause / "go").touch()
+    proc.communicate(timeout=240)
+    run = next((tmp_path / "runs").glob("*/*/summary.json")).parent
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["steps_completed"]) == ("interrupted", 7)
+    assert summary["error"] == "interrupted by SIGTERM"
+    resumed = torchrun(*args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["resumed_from_step"]) == ("completed", 7)
+    assert [r["loss"] for r in metrics(run)] == [r["loss"] for r in metrics(runs["ddp"])]
+
+
 def test_a_diverging_run_stops_on_both_ranks_at_the_same_step(tmp_path):
     result = torchrun(*COMMON, "norm=deepnorm", "norm.alpha=1e30", f"paths.runs={tmp_path}", timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]  # no hang: both ranks left their collectives

@@ -312,3 +312,31 @@ def test_gradient_profiles_post_vanishes_at_the_bottom_pre_grows_there_deepnorm_
     assert bottom_over_top("post") < 0.03
     assert bottom_over_top("deepnorm") > 0.1
     assert bottom_over_top("pre") > 1.0
+
+
+def test_flops_per_token_counts_every_matrix_and_the_attention():
+    """Against the formula written out by hand (PaLM appendix B): 6 per weight of each matrix a token
+    passes (q, k, v, out, fc1, fc2 per layer; the tied output head), 12 d T per attention sublayer."""
+    from deepnorm_exp.train.throughput import flops_per_token
+
+    d, d_ff, vocab, layers, context = 16, 32, 32, 6, 24
+    matrices = layers * (4 * d * d + 2 * d * d_ff) + vocab * d
+    assert flops_per_token(tiny(), context) == 6 * matrices + 12 * d * context * layers
+    untied = tiny("model.tie_embeddings=false")  # its own head: still counted once, as a matrix
+    assert flops_per_token(untied, context) == 6 * matrices + 12 * d * context * layers
+    encdec = tiny("model=encdec")  # self-attention in both stacks, cross-attention in the decoder
+    encoder_decoder_matrices = layers * (4 * d * d + 2 * d * d_ff) + layers * (8 * d * d + 2 * d * d_ff) + vocab * d
+    assert flops_per_token(encdec, context) == 6 * encoder_decoder_matrices + 12 * d * context * 3 * layers
+
+
+def test_throughput_reports_achieved_flops_and_mfu_against_the_peak():
+    from deepnorm_exp.train.throughput import PEAK_BF16_TFLOPS, Throughput, peak_flops
+
+    class Record:
+        record = {"tokens_per_s": 1000.0}
+
+    throughput = Throughput(flops_per_token=6e9, peak=989e12, processes=2)
+    throughput.on_step_end(Record, None)
+    assert Record.record["flops_per_s"] == 6e12 and Record.record["mfu"] == pytest.approx(6e12 / (2 * 989e12))
+    assert peak_flops(CPU, None) is None and peak_flops(CPU, 100.0) == 100e12
+    assert PEAK_BF16_TFLOPS["H200"] == 989.0  # dense bf16, the datasheet's figure without sparsity

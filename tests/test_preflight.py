@@ -172,3 +172,17 @@ def test_an_adaptive_sweepers_shared_settings_are_checked_before_it_starts(tmp_p
     assert not jobs[0].fixed  # the sweeper sets norm; each job checks itself again when it starts
     with pytest.raises(Exception, match="model.n_heads=5 is invalid"):
         preflight([*common, "norm=post,pre", "model.n_heads=5"])
+
+
+def test_the_multi_gpu_slurm_preset_is_checked_on_its_nodes_not_here(tmp_path):
+    """hydra/launcher=slurm_multigpu: 8 tasks (ranks) and 8 GPUs per node; device=cuda is not refused on a
+    machine without one (the nodes check their device when the job starts), bad values still are."""
+    jobs, _ = preflight(["-m", "hydra/launcher=slurm_multigpu", "norm=post,pre", "device=cuda", f"paths.runs={tmp_path}"])
+    assert len(jobs) == 2
+    with hydra_command(args(["-m", "hydra/launcher=slurm_multigpu"]), train) as command:
+        from hydra.types import RunMode
+
+        launcher = command.compose(command.overrides, RunMode.MULTIRUN).hydra.launcher
+    assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.nodes) == (8, 8, 1)
+    with pytest.raises(Exception, match="model.n_heads=5 is invalid"):
+        preflight(["-m", "hydra/launcher=slurm_multigpu", "norm=post,pre", "model.n_heads=5", f"paths.runs={tmp_path}"])

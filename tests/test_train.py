@@ -118,5 +118,42 @@ def test_same_seed_same_losses(tmp_path):
         assert summary["status"] == "completed"
         (metrics,) = (tmp_path / root).glob("*/*/metrics.jsonl")
         records = [json.loads(line) for line in metrics.read_text().splitlines()]
-        losses.append([{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records])
+        losses.append([{k: v for k, v in r.items() if k not in ("tokens_per_s", "flops_per_s")} for r in records])
     assert len(losses[0]) == 6 and losses[0] == losses[1]
+
+
+def test_checkpoint_random_states_come_back_on_the_cpu(tmp_path):
+    """A GPU run resumed only if its checkpoint's random-number states came back as CPU ByteTensors
+    (torch.set_rng_state and Generator.set_state take nothing else): `checkpoint.load` reads on the CPU
+    whatever the run's device. Here every RNG state in a real run's checkpoint is checked, and restored."""
+    from deepnorm_exp.train import checkpoint
+
+    cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "train.ckpt_every=3",
+                                "train.keep_checkpoint=true"])
+    run_experiment(cfg, progress=False)
+    (path,) = tmp_path.glob(f"*/*/{checkpoint.CHECKPOINT}")
+    state = checkpoint.load(path)
+    tensors = [state["rng"]["torch"], *state["rng"]["cuda"], state["batches"]["epoch_start_state"]]
+    assert all(t.device.type == "cpu" and t.dtype == torch.uint8 for t in tensors)
+    checkpoint.set_rng_state(state["rng"])
+    torch.Generator().set_state(state["batches"]["epoch_start_state"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_run_killed_and_resumed_gives_the_straight_runs_losses(tmp_path):
+    from conftest import PausedRun, run_cli
+
+    args = [*TINY, "device=cuda", "train.steps=12", "train.ckpt_every=4", "train.log_every=1", "logger=none"]
+    straight = run_cli(*args, f"paths.runs={tmp_path / 'straight'}")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    paused = PausedRun([*args, f"paths.runs={tmp_path / 'killed'}"], step=6, directory=tmp_path / "pause")
+    import os
+    import signal
+
+    os.kill(paused.wait_paused(), signal.SIGKILL)
+    paused.finish()
+    resumed = run_cli(*args, f"paths.runs={tmp_path / 'killed'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    losses = [[json.loads(line)["loss"] for line in next(root.glob("*/*/metrics.jsonl")).read_text().splitlines()]
+              for root in (tmp_path / "straight", tmp_path / "killed")]
+    assert losses[0] == losses[1]

@@ -5,7 +5,7 @@ against the run's own speed.
 DEEPNORM_TEST_PAUSE_AT=<step> and DEEPNORM_TEST_PAUSE_DIR=<dir>: when the trainer finishes step <step>,
 before any callback sees it (so a checkpoint caused by a signal lands at exactly that step), the process
 writes its pid to <dir>/paused and waits until <dir>/go exists. Once only: a resumed process, or a second
-one, never pauses again (the `paused` file exists).
+one (another rank reaching the step at the same moment included), never pauses (the `paused` file exists).
 """
 
 import importlib.abc
@@ -23,9 +23,15 @@ def pause() -> None:
     paused, go = os.path.join(DIRECTORY, "paused"), os.path.join(DIRECTORY, "go")
     if os.path.exists(paused):
         return
-    with open(paused + ".tmp", "w") as f:
+    mine = f"{paused}.{os.getpid()}.tmp"
+    with open(mine, "w") as f:
         f.write(str(os.getpid()))
-    os.replace(paused + ".tmp", paused)
+    try:
+        os.link(mine, paused)  # atomic, and fails if it exists: of processes arriving together, one pauses
+    except FileExistsError:
+        return
+    finally:
+        os.unlink(mine)
     deadline = time.monotonic() + 600
     while not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.01)
