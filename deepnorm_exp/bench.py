@@ -152,11 +152,11 @@ def child(args) -> None:
 
 
 def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool = False, threads: int = 2,
-            encdec: bool = False, overrides: list[str] = ()) -> dict:
+            encdec: bool = False, overrides: list[str] = (), env: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "deepnorm_exp.bench", "--child", kind, "--depth", str(depth), "--steps",
            str(steps), "--root", str(root), "--threads", str(threads), "--overrides", json.dumps(list(overrides))]
     cmd += (["--checkpointing"] if checkpointing else []) + (["--encdec"] if encdec else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
     result = json.loads(out.stdout.strip().splitlines()[-1])
     times = sorted(result["step_times"][2:])  # the first steps pay for allocations and warm-up
     result["median_step_s"] = times[len(times) // 2]
@@ -255,6 +255,23 @@ def memory_section(depths: tuple[int, ...], steps: int, root: Path, rows: dict) 
                   f"measured {measured['train_mb']:.0f} MB, estimate / measured {guess / measured['train_mb']:.2f}")
 
 
+def compile_section(depths: tuple[int, ...], steps: int, root: Path) -> None:
+    """train.compile=true against eager, each in a fresh process with an empty Inductor cache: the first
+    step's extra time is the compilation; the median later step is the steady state."""
+    print(f"{'depth':>6} {'variant':<9} {'first step s':>13} {'step s':>7} {'vs eager':>9}")
+    for depth in depths:
+        rows = {}
+        for variant, extra in (("eager", []), ("compiled", ["train.compile=true"])):
+            cache = root / f"inductor-{variant}-{depth}"
+            rows[variant] = measure("harness", depth, steps, root, overrides=extra,
+                                    env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+        for variant, row in rows.items():
+            ratio = row["median_step_s"] / rows["eager"]["median_step_s"]
+            print(f"{depth:>6} {variant:<9} {row['step_times'][0]:>13.2f} {row['median_step_s']:>7.3f} {ratio:>9.2f}")
+        compile_s = rows["compiled"]["step_times"][0] - rows["eager"]["step_times"][0]
+        print(f"{depth:>6} compilation (first step, compiled - eager): {compile_s:.1f} s")
+
+
 def time_to_first_step(root: Path, logger: str) -> float:
     """Seconds from launching the command to the first metrics record on disk (depth 6, cache warm)."""
     run_root = root / f"first-step-{logger}"
@@ -313,8 +330,9 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--encdec", action="store_true", help="child: the encoder-decoder model")
     parser.add_argument("--overrides", default="[]", help="child: JSON list of extra config overrides")
-    parser.add_argument("--sections", default="decoder,memory,encdec,startup,instrumentation,data,schemes",
+    parser.add_argument("--sections", default="decoder,memory,encdec,startup,instrumentation,data,schemes,compile",
                         help="comma-separated: decoder (bare vs harness), memory (estimate vs measured), "
+                             "compile (train.compile=true vs eager), "
                              "encdec (100L-100L vs 200L), startup, "
                              "instrumentation (metrics on vs off), data (text pipeline, bench_data.py), "
                              "schemes (sigma_reparam, admin: their step-time overhead)")
@@ -376,6 +394,8 @@ def main() -> None:
             data_section(root, args.data_megabytes, step["median_step_s"] if deep == 1000 else None)
         if "schemes" in sections:
             schemes_section(shallow, args.steps, args.rounds, root)
+        if "compile" in sections:
+            compile_section((shallow, deep), args.steps, root)
 
 
 def print_decoder_table(rows: dict) -> None:

@@ -74,6 +74,7 @@ class TrainConfig:
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     parallel: str = "auto"  # auto (none for one process, ddp for several) | none | ddp | fsdp
     micro_batch_size: Optional[int] = None  # rows per forward on each rank (gradient accumulation); null: all
+    compile: bool = False  # torch.compile each residual block (regional: compile time does not grow with depth)
     peak_tflops: Optional[float] = None  # the device's peak bf16 TFLOP/s for MFU (null: the table's, by GPU name)
 
 

@@ -124,7 +124,8 @@ def _plan(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
 
 TRAINED_KEYS = ("norm", "model", "data", "train", "depth", "seed")  # what decides the weights a run ends with
 # How often it is observed, and how the same computation is laid out over processes and forwards.
-UNTRAINED_TRAIN_KEYS = ("log_every", "eval_every", "ckpt_every", "keep_checkpoint", "parallel", "micro_batch_size")
+UNTRAINED_TRAIN_KEYS = ("log_every", "eval_every", "ckpt_every", "keep_checkpoint", "parallel", "micro_batch_size",
+                        "compile", "peak_tflops")
 
 
 def trained_config(container: dict) -> dict:
@@ -221,9 +222,9 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         sinks = build_sinks(cfg, out_dir, name) if runtime.is_main else []
         dtype = autocast_dtype(cfg.train.precision, device)
         if parallel == "fsdp":  # FSDP's mixed-precision policy casts the weights itself (fp32 reductions)
-            objective, dtype = wrap(model, runtime, parallel, param_dtype=dtype), None
+            objective, dtype = wrap(model, runtime, parallel, param_dtype=dtype, compile=cfg.train.compile), None
         else:
-            objective = wrap(model, runtime, parallel, param_dtype=None)
+            objective = wrap(model, runtime, parallel, param_dtype=None, compile=cfg.train.compile)
 
         def eval_loss() -> float:
             return evaluate(objective, data.eval, cfg.train.batch_size, device, dtype)

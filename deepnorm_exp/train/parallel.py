@@ -53,7 +53,10 @@ class Routed:
     def __getattr__(self, method: str):
         def call(*args, **kwargs):
             try:
-                return self.objective(*args, method=method, **kwargs)
+                # Eager, also where blocks are compiled: the instruments' hooks must fire, and a probe
+                # forward (eval mode, no gradients) must not make Dynamo compile another graph.
+                with torch.compiler.set_stance("force_eager"):
+                    return self.objective(*args, method=method, **kwargs)
             finally:
                 # FSDP keeps the root's weights gathered after a forward outside backward; the next
                 # training forward would then leave their gradients out of the reduction. Shard them again.
@@ -72,8 +75,15 @@ def resolve_parallel(parallel: str, runtime: Runtime) -> str:
     return parallel
 
 
-def wrap(model: nn.Module, runtime: Runtime, parallel: str, param_dtype: torch.dtype | None) -> nn.Module:
-    """The Objective of `model`, wrapped for `parallel` (none | ddp | fsdp, resolved)."""
+def wrap(model: nn.Module, runtime: Runtime, parallel: str, param_dtype: torch.dtype | None,
+         compile: bool = False) -> nn.Module:
+    """The Objective of `model`, wrapped for `parallel` (none | ddp | fsdp, resolved); `compile`: each
+    residual block compiled first (torchtitan's order: compile, then shard)."""
+    if compile:
+        for _, _, _, block in model.residual_blocks():
+            # In place (the module and its parameters stay the same objects). Blocks of one kind share
+            # their code, so Dynamo compiles once per kind and reuses it at every depth.
+            block.compile()
     objective = Objective(model)
     if parallel == "none":
         return objective
