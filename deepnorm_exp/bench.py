@@ -156,7 +156,8 @@ def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool =
     cmd = [sys.executable, "-m", "deepnorm_exp.bench", "--child", kind, "--depth", str(depth), "--steps",
            str(steps), "--root", str(root), "--threads", str(threads), "--overrides", json.dumps(list(overrides))]
     cmd += (["--checkpointing"] if checkpointing else []) + (["--encdec"] if encdec else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
+    environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}  # None: unset
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=environment)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     times = sorted(result["step_times"][2:])  # the first steps pay for allocations and warm-up
     result["median_step_s"] = times[len(times) // 2]
@@ -272,6 +273,39 @@ def compile_section(depths: tuple[int, ...], steps: int, root: Path) -> None:
         print(f"{depth:>6} compilation (first step, compiled - eager): {compile_s:.1f} s")
 
 
+COMPETITOR = """
+import sys, time, torch
+torch.set_num_threads(2)
+a = torch.randn(256, 256)
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline:  # another user's job: busy on both cores
+    a = torch.tanh(a @ a)
+"""
+
+
+def threads_section(root: Path, steps: int) -> None:
+    """Depth-6 steps (the quick start's shape) under OpenMP settings, alone and beside a process that keeps
+    both cores busy (another job on the same machine): median step seconds, and busy / quiet."""
+    variants = [  # (torch threads, label, environment)
+        (2, "spin 300000 (libgomp's default)", {"GOMP_SPINCOUNT": "300000"}),
+        (2, "GOMP_SPINCOUNT=100000", {"GOMP_SPINCOUNT": "100000"}),
+        (2, "OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}),
+        (1, "1 thread", {}),
+    ]
+    print(f"{'threads':>7} {'OpenMP waiting':<33} {'quiet s':>8} {'busy s':>8} {'busy/quiet':>11}")
+    for threads, label, env in variants:
+        quiet = measure("harness", 6, steps, root, threads=threads, env=env)["median_step_s"]
+        # The other job keeps libgomp's own default, whatever this one uses.
+        competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR, "600"],
+                                      env={**os.environ, "GOMP_SPINCOUNT": "300000"})
+        try:
+            busy = measure("harness", 6, steps, root, threads=threads, env=env)["median_step_s"]
+        finally:
+            competitor.kill()
+            competitor.wait()
+        print(f"{threads:>7} {label:<33} {quiet:>8.4f} {busy:>8.4f} {busy / quiet:>11.1f}")
+
+
 def time_to_first_step(root: Path, logger: str) -> float:
     """Seconds from launching the command to the first metrics record on disk (depth 6, cache warm)."""
     run_root = root / f"first-step-{logger}"
@@ -330,9 +364,10 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--encdec", action="store_true", help="child: the encoder-decoder model")
     parser.add_argument("--overrides", default="[]", help="child: JSON list of extra config overrides")
-    parser.add_argument("--sections", default="decoder,memory,encdec,startup,instrumentation,data,schemes,compile",
+    parser.add_argument("--sections", default="decoder,memory,encdec,startup,instrumentation,data,schemes,compile,threads",
                         help="comma-separated: decoder (bare vs harness), memory (estimate vs measured), "
-                             "compile (train.compile=true vs eager), "
+                             "compile (train.compile=true vs eager), threads (thread count and OpenMP "
+                             "wait policy, alone and beside a busy process), "
                              "encdec (100L-100L vs 200L), startup, "
                              "instrumentation (metrics on vs off), data (text pipeline, bench_data.py), "
                              "schemes (sigma_reparam, admin: their step-time overhead)")
@@ -396,6 +431,8 @@ def main() -> None:
             schemes_section(shallow, args.steps, args.rounds, root)
         if "compile" in sections:
             compile_section((shallow, deep), args.steps, root)
+        if "threads" in sections:
+            threads_section(root, max(args.steps, 30))
 
 
 def print_decoder_table(rows: dict) -> None:
