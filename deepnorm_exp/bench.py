@@ -306,6 +306,76 @@ def threads_section(root: Path, steps: int) -> None:
         print(f"{threads:>7} {label:<33} {quiet:>8.4f} {busy:>8.4f} {busy / quiet:>11.1f}")
 
 
+GPU_SHAPE = ["model.d_model=1024", "model.n_heads=16", "model.d_ff=4096", "depth=100", "train.precision=bf16",
+             "device=cuda", "train.batch_size=32", "train.seq_len=256", "model.max_seq_len=256",
+             "data.train_sequences=4096", "data.eval_sequences=64", "metrics=off", "logger=none", "resume=false"]
+
+
+def cli_summary(root: Path, *overrides: str, timeout: float = 900) -> dict:
+    """Run `python -m deepnorm_exp <overrides>` under `root`; its summary.json."""
+    result = subprocess.run([sys.executable, "-m", "deepnorm_exp", f"paths.runs={root}", *overrides],
+                            capture_output=True, text=True, timeout=timeout)
+    summaries = sorted(root.glob("*/*/summary.json"), key=lambda p: p.stat().st_mtime)
+    if result.returncode != 0 or not summaries:
+        return {"status": "failed", "error": (result.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(summaries[-1].read_text())
+
+
+def gpu_section(root: Path) -> None:
+    """The GPU path, unattended in a few minutes on one GPU: d_model 1024 x depth 100 in bf16, eager and
+    compiled (tokens/s, MFU, peak memory); the paper's 1,000-layer model for 10 steps; a run killed with
+    SIGKILL after its first checkpoint and re-run, against the straight run's losses."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu: no CUDA device here; section skipped")
+        return
+    print(f"gpu: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+
+    def line(label: str, summary: dict) -> None:
+        if summary.get("status") != "completed":
+            print(f"  {label}: {summary.get('status')} ({summary.get('error')})")
+            return
+        # Steady state: the median logged interval after the first (which pays for compilation, warm-up).
+        records = [json.loads(r) for r in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        later = [r for r in records[1:] if "tokens_per_s" in r] or records
+        tokens_per_s = sorted(r["tokens_per_s"] for r in later)[len(later) // 2]
+        mfus = sorted(r["mfu"] for r in later if "mfu" in r)
+        mfu = f"{mfus[len(mfus) // 2]:.1%}" if mfus else "-"
+        print(f"  {label}: {tokens_per_s:,.0f} tokens/s, MFU {mfu} (steady state), peak memory "
+              f"{summary['peak_memory_gib']:.1f} GiB (estimate {summary['memory_estimate_gib']:.1f}), "
+              f"wall {summary['wall_s']:.0f} s for {summary['steps_completed']} steps")
+
+    for variant, extra in (("eager", []), ("compiled", ["train.compile=true"])):
+        line(f"d1024 L100 bf16 {variant}", cli_summary(root / f"gpu-{variant}", *GPU_SHAPE, "train.steps=40",
+                                                         "train.log_every=10", "train.eval_every=40", *extra))
+    line("paper_1000l (500L-500L, 3.68B)", cli_summary(root / "gpu-1000l", "experiment=paper_1000l", "device=cuda",
+                                                       "train.steps=10", "train.log_every=5", "train.eval_every=10",
+                                                       "metrics=off", "logger=none", "resume=false"))
+    # Kill and resume: the straight run, then the same run SIGKILLed once its step-10 checkpoint exists.
+    args = [*GPU_SHAPE[:-1], "depth=24", "train.steps=20", "train.log_every=1", "train.eval_every=20",
+            "train.ckpt_every=10"]
+    straight = cli_summary(root / "gpu-straight", *args)
+    killed_root = root / "gpu-killed"
+    proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", f"paths.runs={killed_root}", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and not list(killed_root.glob("*/*/checkpoint.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    resumed = cli_summary(killed_root, *args[:-1] + ["resume=true"])
+
+    def losses(directory: Path) -> list:
+        found = list(directory.glob("*/*/metrics.jsonl"))
+        return [json.loads(r)["loss"] for r in found[0].read_text().splitlines()] if found else []
+
+    same = losses(root / "gpu-straight") == losses(killed_root) != []
+    print(f"  kill -9 after the step-10 checkpoint, re-run: {resumed.get('status')}, resumed from step "
+          f"{resumed.get('resumed_from_step')}, losses {'identical to' if same else 'DIFFERENT from'} the "
+          f"straight run's ({straight.get('status')})")
+
+
 def time_to_first_step(root: Path, logger: str) -> float:
     """Seconds from launching the command to the first metrics record on disk (depth 6, cache warm)."""
     run_root = root / f"first-step-{logger}"
@@ -366,6 +436,7 @@ def main() -> None:
     parser.add_argument("--overrides", default="[]", help="child: JSON list of extra config overrides")
     parser.add_argument("--sections", default="decoder,memory,encdec,startup,instrumentation,data,schemes,compile,threads",
                         help="comma-separated: decoder (bare vs harness), memory (estimate vs measured), "
+                             "gpu (the GPU path: one CUDA device; not in the default list), "
                              "compile (train.compile=true vs eager), threads (thread count and OpenMP "
                              "wait policy, alone and beside a busy process), "
                              "encdec (100L-100L vs 200L), startup, "
@@ -433,6 +504,8 @@ def main() -> None:
             compile_section((shallow, deep), args.steps, root)
         if "threads" in sections:
             threads_section(root, max(args.steps, 30))
+        if "gpu" in sections:
+            gpu_section(root)
 
 
 def print_decoder_table(rows: dict) -> None:

@@ -191,7 +191,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         "diverged_at_step": None, "divergence_reason": None, "divergence": None,
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
         **scheme.constants(), "params": None, "memory_estimate_gib": memory.total_bytes / GIB,
-        "tokens_per_s": None, "flops_per_token": None, "mfu": None, "wall_s": None, "loss_scale": None, "skipped_steps": None,
+        "tokens_per_s": None, "flops_per_token": None, "mfu": None, "peak_memory_gib": None, "wall_s": None, "loss_scale": None, "skipped_steps": None,
         "experiment": cfg.experiment_name, "run_name": name, "run_dir": str(out_dir), "device": str(device),
         "world_size": runtime.world_size, "parallel": parallel, "exact_match": None, "error": None,
     }
@@ -259,6 +259,8 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         trainer.fit()
         summary.update(final_loss=metrics.last_loss, tokens_per_s=metrics.mean_tokens_per_s,
                        mfu=throughput.mfu(metrics.mean_tokens_per_s))
+        if device.type == "cuda":  # what the allocator held at most (this process's device)
+            summary["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
         if trainer.scaler is not None:
             summary.update(loss_scale=trainer.scaler.get_scale(), skipped_steps=metrics.skipped_steps)
         if guard.stop_reason() is not None and divergence.event is None:
