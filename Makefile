@@ -23,11 +23,11 @@ install: $(STAMP)
 # (a few minutes on 2 cores).
 run: $(STAMP)
 	$(PY) -m deepnorm_exp -m experiment=quickstart
-	$(PY) -m deepnorm_exp.report runs/quickstart
+	$(PY) -m deepnorm_exp.analysis.report runs/quickstart
 
 # The comparison dashboard of one experiment: make report EXPERIMENT=paper_depth_sweep
 report: $(STAMP)
-	$(PY) -m deepnorm_exp.report runs/$(EXPERIMENT)
+	$(PY) -m deepnorm_exp.analysis.report runs/$(EXPERIMENT)
 
 # The analysis notebooks executed against one experiment, written with outputs to runs/<experiment>/notebooks/
 notebooks: $(STAMP)
@@ -41,7 +41,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
-	$(PY) -m deepnorm_exp.bench
+	$(PY) -m benchmarks.bench
 
 clean-runs:
 	find runs -mindepth 1 -not -name .gitkeep -delete

@@ -22,7 +22,7 @@ log = logging.getLogger("deepnorm_exp")
 # module as `deepnorm_exp.__main__`, for which Hydra would look for a Python package `conf`.
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def train(cfg: DictConfig) -> dict | None:
-    from .run import run_experiment
+    from .lifecycle.run import run_experiment
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     hydra_cfg = HydraConfig.get()
@@ -53,8 +53,8 @@ def worker_threads(launcher: DictConfig) -> int | None:
 
 def all_finished(jobs) -> bool:
     """Whether every job of a sweep already has a final summary, so launching would only skip them all."""
-    from .run import FINAL
-    from .summary import read_summary
+    from .lifecycle.run import FINAL
+    from .lifecycle.summary import read_summary
 
     for job in jobs:
         summary = read_summary(job.run_dir / "summary.json")
@@ -66,9 +66,9 @@ def all_finished(jobs) -> bool:
 def failed_runs(jobs) -> list[str]:
     """The jobs of a finished sweep whose run failed or left no record (a diverged run is a result; a run
     that another process holds, e.g. a second sweep launched at once, is that process's to report)."""
-    from .run import FINAL
-    from .runlock import RunLock
-    from .summary import read_summary
+    from .lifecycle.run import FINAL
+    from .lifecycle.runlock import RunLock
+    from .lifecycle.summary import read_summary
 
     failed = []
     for job in jobs:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"deepnorm_exp: error: {e}", file=sys.stderr)
             sys.exit(e.exit_status)
         if multirun and all_finished(jobs):  # a re-run of a finished sweep launches nothing
-            from .summary import format_table, load_summaries
+            from .lifecycle.summary import format_table, load_summaries
 
             roots = sorted({Path(job.cfg.paths.runs) / str(job.cfg.experiment_name) for job in jobs})
             print(f"all {len(jobs)} runs already finished (resume=false runs them again)")

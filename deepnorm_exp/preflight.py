@@ -44,7 +44,7 @@ class Job:
 
     @property
     def run_dir(self) -> Path:
-        from .rundir import run_dir, run_name
+        from .lifecycle.rundir import run_dir, run_name
 
         return run_dir(self.cfg, run_name(self.cfg, self.override_dirname))
 
@@ -210,7 +210,7 @@ def planned_jobs(command: Command, master: DictConfig, task_function: Callable) 
 
 
 def check_job(overrides: list[str], job: ComposedJob, fixed: bool) -> Job:
-    from .run import check_claim
+    from .lifecycle.run import check_claim
 
     # A cluster launcher's jobs check their device and memory on their node, when they start.
     check_runtime(job.cfg, check_config(job.cfg), here="Slurm" not in job.launcher)

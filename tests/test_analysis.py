@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 import deepnorm_exp
 from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_records, load_scalars,
                                    plots)
-from deepnorm_exp.report import write_report
+from deepnorm_exp.analysis.report import write_report
 
 from conftest import REPO, TINY, run_cli
 

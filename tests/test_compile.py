@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import deepnorm_exp
-from deepnorm_exp.run import run_experiment
+from deepnorm_exp.lifecycle.run import run_experiment
 
 from conftest import TINY
 

@@ -8,7 +8,7 @@ import torch
 
 import deepnorm_exp
 from deepnorm_exp import records
-from deepnorm_exp.run import run_experiment
+from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.train.trainer import Callback
 
 from conftest import TINY

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from deepnorm_exp.frontier import grid_runs, search
+from deepnorm_exp.sweeps.frontier import grid_runs, search
 
 
 def planted(thresholds):

@@ -17,7 +17,7 @@ from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.metrics import (ActivationStats, BlockIndex, LayerGradNorms, ModelUpdate, ParamBlocks,
                                   ParameterUpdates, Probe, build_instruments)
 from deepnorm_exp.models.layers import CrossAttention, SelfAttention
-from deepnorm_exp.run import run_experiment
+from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.sinks.layers import load_layers
 from deepnorm_exp.train.trainer import Callback, Trainer
 

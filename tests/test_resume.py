@@ -9,8 +9,8 @@ import torch
 
 import deepnorm_exp
 from deepnorm_exp.errors import ConfigError
-from deepnorm_exp.run import run_experiment
-from deepnorm_exp.runlock import RunLock
+from deepnorm_exp.lifecycle.run import run_experiment
+from deepnorm_exp.lifecycle.runlock import RunLock
 from deepnorm_exp.train.batches import RandomBatches
 
 from conftest import TINY, TINY_MODEL, PausedRun, run_cli, write_text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import deepnorm_exp
-from deepnorm_exp.run import run_experiment
+from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.sinks import Guarded, Sink
 
 from conftest import TINY

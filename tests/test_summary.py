@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from deepnorm_exp.summary import format_table, learned_fraction, load_summaries, read_summary, write_summary
+from deepnorm_exp.lifecycle.summary import format_table, learned_fraction, load_summaries, read_summary, write_summary
 
 
 def test_learned_fraction_spans_unigram_to_optimal():

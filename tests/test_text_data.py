@@ -266,7 +266,7 @@ def test_the_data_benchmark_runs_on_a_small_file():
 
     from conftest import REPO
 
-    proc = subprocess.run([sys.executable, "-m", "deepnorm_exp.bench_data", "--megabytes", "1", "--depth-step-s", "2"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_data", "--megabytes", "1", "--depth-step-s", "2"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "byte" in proc.stdout and "bpe 8192" in proc.stdout and "x that" in proc.stdout

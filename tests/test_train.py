@@ -8,7 +8,7 @@ import torch
 
 import deepnorm_exp
 from deepnorm_exp.config import TrainConfig
-from deepnorm_exp.run import run_experiment
+from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.train.callbacks import DivergenceDetector
 from deepnorm_exp.train.optim import build_scheduler
 from deepnorm_exp.train.trainer import StepOutput

@@ -10,7 +10,7 @@ from deepnorm_exp.data import load_data
 from deepnorm_exp.data.tokenizer import BYTE_VOCAB, ByteTokenizer
 from deepnorm_exp.data.translation import BOS, EOS, PAD, SPECIALS, reorder_positions
 from deepnorm_exp.errors import ConfigError
-from deepnorm_exp.translation_eval import exact_match
+from deepnorm_exp.metrics.exact_match import exact_match
 
 SMALL = {"name": "synthetic", "vocab_size": 40, "classes": 4, "train_sequences": 300, "eval_sequences": 100,
          "translation_min_len": 3, "translation_max_len": 9, "translation_noise": 0.1}

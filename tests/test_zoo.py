@@ -248,7 +248,7 @@ def test_every_scheme_trains_through_the_cli(tmp_path, model):
 
 @pytest.mark.slow
 def test_the_depth_mup_lr_rule_reaches_the_optimizer_and_admin_profiles_before_training(tmp_path):
-    from deepnorm_exp.run import run_experiment
+    from deepnorm_exp.lifecycle.run import run_experiment
 
     common = [*TINY, f"paths.runs={tmp_path}", "logger=none", "depth=4", "train.keep_checkpoint=true", "train.ckpt_every=3",
               "train.schedule=constant", "train.warmup_steps=0"]

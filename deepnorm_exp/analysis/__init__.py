@@ -1,4 +1,4 @@
-"""Reading `runs/` and drawing the DeepNet paper's comparisons (the notebooks and `deepnorm_exp.report`).
+"""Reading `runs/` and drawing the DeepNet paper's comparisons (the notebooks and `deepnorm_exp.analysis.report`).
 
     runs = load_runs("runs/paper_depth_sweep")      # one row per run: summary + flattened config
     scalars = load_scalars(runs)                    # metrics.jsonl of every run

@@ -15,7 +15,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from .. import records
-from ..summary import read_summary
+from ..lifecycle.summary import read_summary
 
 log = logging.getLogger("deepnorm_exp")
 

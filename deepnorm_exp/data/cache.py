@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from ..errors import RecordError
-from ..runlock import FileLock
+from ..lifecycle.runlock import FileLock
 
 if TYPE_CHECKING:  # `datasets` (a second to import) is imported where a dataset is loaded, not by the checks
     from datasets import DatasetDict

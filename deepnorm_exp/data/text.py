@@ -25,7 +25,7 @@ import torch
 from omegaconf import MISSING
 
 from ..errors import ConfigError
-from ..runlock import FileLock
+from ..lifecycle.runlock import FileLock
 from . import TaskData, register, unigram_loss_from_counts
 from .cache import cache_key, load_entry
 from .hub import load_hub

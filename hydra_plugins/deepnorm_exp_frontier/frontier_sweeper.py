@@ -7,7 +7,7 @@ The sweep's other axes (here norm x depth) form the cells; in each, learning rat
 and records, launched by whatever launcher is configured, one batch per bisection round) until the largest
 stable rate and the smallest unstable one are within a factor `resolution`. `frontier.json` in the sweep
 directory lists, per cell, the max stable lr, the runs spent, and what a grid of the same resolution would
-have cost. The search itself is deepnorm_exp/frontier.py.
+have cost. The search itself is deepnorm_exp/sweeps/frontier.py.
 """
 
 # No `from __future__ import annotations`: Hydra's plugin scan imports this module without registering it
@@ -88,7 +88,7 @@ class FrontierSweeper(Sweeper):
         probed with `key` set. Also what the pre-flight checks before anything runs."""
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-        from deepnorm_exp.frontier import check_owned_keys
+        from deepnorm_exp.sweeps.frontier import check_owned_keys
 
         assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -97,7 +97,7 @@ class FrontierSweeper(Sweeper):
         return BasicSweeper.split_arguments(parser.parse_overrides(axes), None)[0]
 
     def sweep(self, arguments: List[str]) -> Any:
-        from deepnorm_exp.frontier import grid_runs, search
+        from deepnorm_exp.sweeps.frontier import grid_runs, search
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         cells = [tuple(cell) for cell in self.planned_jobs(arguments)]

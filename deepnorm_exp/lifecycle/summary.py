@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from .records import read_json, write_json
+from ..records import read_json, write_json
 
 log = logging.getLogger("deepnorm_exp")
 

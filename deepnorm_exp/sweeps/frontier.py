@@ -90,7 +90,7 @@ def search(keys: Sequence[Hashable], lo: float, hi: float, resolution: float,
 def check_owned_keys(key: str, overrides: Sequence[str]) -> None:
     """The sweeper sets `key` on every probe: a user's value for it would be listed as a cell coordinate
     that no probe used. ConfigError naming it."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     for override in overrides:
         name = override.split("=", 1)[0].lstrip("+~")

@@ -13,27 +13,27 @@ from typing import Any, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .build import build_model, check_config, check_runtime, make_scheme
-from .models import MODELS, count_params
-from .data import load_data
-from .errors import ConfigError, RecordError, one_line
-from .metrics import build_instruments
+from ..build import build_model, check_config, check_runtime, make_scheme
+from ..models import MODELS, count_params
+from ..data import load_data
+from ..errors import ConfigError, RecordError, one_line
+from ..metrics import build_instruments
 from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
-from .sinks import build_sinks
+from ..sinks import build_sinks
 from .preemption import PreemptionGuard
-from .runtime import Runtime, init_runtime
-from .records import atomic_path, remove_temporaries
+from ..runtime import Runtime, init_runtime
+from ..records import atomic_path, remove_temporaries
 from .runlock import RunLock
 from .summary import TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
-from .train import checkpoint
-from .train.batches import RandomBatches
-from .train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics
-from .train.optim import build_optimizer, build_scheduler
-from .train.parallel import Routed, resolve_parallel, wrap
-from .train.throughput import Throughput, flops_per_token, peak_flops
-from .train.memory import GIB
-from .train.trainer import Callback, Trainer, evaluate, to_device
+from ..train import checkpoint
+from ..train.batches import RandomBatches
+from ..train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics
+from ..train.optim import build_optimizer, build_scheduler
+from ..train.parallel import Routed, resolve_parallel, wrap
+from ..train.throughput import Throughput, flops_per_token, peak_flops
+from ..train.memory import GIB
+from ..train.trainer import Callback, Trainer, evaluate, to_device
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -282,7 +282,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         else:
             summary["status"] = "completed"
         if data.task == "translation":
-            from .translation_eval import exact_match
+            from ..metrics.exact_match import exact_match
 
             summary["exact_match"] = exact_match(Routed(objective), data, cfg.data.eval_decode, cfg.train.batch_size,
                                                  device)

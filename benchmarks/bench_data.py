@@ -66,9 +66,10 @@ def child(args) -> None:
 
 def measure(file: Path, cache: Path, hf_cache: Path, overrides: list[str], batches: int = 0) -> dict:
     env = {**os.environ, "HF_DATASETS_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "deepnorm_exp.bench_data", "--child", "--file", str(file),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_data", "--child", "--file", str(file),
                            "--cache", str(cache), "--overrides", json.dumps(overrides), "--batches", str(batches)],
-                          env=env, capture_output=True, text=True, check=True)
+                          env=env, capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parent.parent)  # `-m benchmarks.*` from the repository root
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

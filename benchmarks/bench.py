@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent  # `-m benchmarks.*` children run from the repository root
+
 SHAPE = ["model.d_model=64", "model.n_heads=4", "model.d_ff=256", "train.seq_len=64", "train.batch_size=8"]
 
 
@@ -98,9 +100,9 @@ ENCDEC = ["model=encdec", "data.translation_min_len=63", "data.translation_max_l
 
 
 def harness_step_times(depth: int, steps: int, checkpointing: bool, root: Path, extra: list[str]) -> list[float]:
-    from . import compose
-    from .run import run_experiment
-    from .train.trainer import Callback
+    from deepnorm_exp import compose
+    from deepnorm_exp.lifecycle.run import run_experiment
+    from deepnorm_exp.train.trainer import Callback
 
     class StepClock(Callback):
         """Wall time from the end of one step to the end of the next: the loop, every callback, the sinks."""
@@ -136,8 +138,9 @@ def child(args) -> None:
 
     torch.set_num_threads(args.threads)
     if args.child == "harness":
-        from . import data, run  # noqa: F401 - libraries in memory before the baseline is read
-        from .data import synthetic  # noqa: F401
+        from deepnorm_exp import data  # noqa: F401 - libraries in memory before the baseline is read
+        from deepnorm_exp.data import synthetic  # noqa: F401
+        from deepnorm_exp.lifecycle import run  # noqa: F401
     import torch._dynamo  # noqa: F401 - torch.optim imports it on first use; count it in the baseline
     baseline = current_rss_mb()
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -153,11 +156,11 @@ def child(args) -> None:
 
 def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool = False, threads: int = 2,
             encdec: bool = False, overrides: list[str] = (), env: dict | None = None) -> dict:
-    cmd = [sys.executable, "-m", "deepnorm_exp.bench", "--child", kind, "--depth", str(depth), "--steps",
+    cmd = [sys.executable, "-m", "benchmarks.bench", "--child", kind, "--depth", str(depth), "--steps",
            str(steps), "--root", str(root), "--threads", str(threads), "--overrides", json.dumps(list(overrides))]
     cmd += (["--checkpointing"] if checkpointing else []) + (["--encdec"] if encdec else [])
     environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}  # None: unset
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=environment)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=environment, cwd=REPO)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     times = sorted(result["step_times"][2:])  # the first steps pay for allocations and warm-up
     result["median_step_s"] = times[len(times) // 2]
@@ -169,8 +172,8 @@ def admin_profile_seconds(depth: int) -> float:
     """Wall time of Admin's profiling pass (one forward of a training batch) at `depth`, in this process."""
     import torch
 
-    from . import build_model, compose
-    from .build import make_scheme
+    from deepnorm_exp import build_model, compose
+    from deepnorm_exp.build import make_scheme
 
     cfg = compose([*SHAPE, "norm=admin", f"depth={depth}"])
     scheme = make_scheme(cfg)
@@ -235,9 +238,9 @@ def instrumentation_section(depths: tuple[int, ...], steps: int, rounds: int, ro
 
 def memory_estimate_mb(depth: int, checkpointing: bool) -> float:
     """What train/memory.py estimates for the harness child's configuration (metrics off, SHAPE)."""
-    from .build import make_scheme, model_depths
-    from .compose import compose
-    from .train.memory import estimate
+    from deepnorm_exp.build import make_scheme, model_depths
+    from deepnorm_exp.compose import compose
+    from deepnorm_exp.train.memory import estimate
 
     cfg = compose([*SHAPE, "norm=deepnorm", f"depth={depth}", "metrics=off",
                    f"model.activation_checkpointing={str(checkpointing).lower()}"])
@@ -494,7 +497,7 @@ def main() -> None:
             instrumentation_section((shallow, deep), args.steps, args.rounds, root,
                                     direct_steps=102, direct_depth=shallow)
         if "data" in sections:
-            from .bench_data import data_section
+            from benchmarks.bench_data import data_section
 
             step = rows[deep]["harness"] if deep in rows else measure("harness", deep, args.steps, root)
             data_section(root, args.data_megabytes, step["median_step_s"] if deep == 1000 else None)

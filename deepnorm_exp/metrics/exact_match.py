@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .data import TaskData
-from .models.encdec import EOS, PAD
+from ..data import TaskData
+from ..models.encdec import EOS, PAD
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""`python -m deepnorm_exp.report runs/<experiment>`: one self-contained `report.html` of a sweep.
+"""`python -m deepnorm_exp.analysis.report runs/<experiment>`: one self-contained `report.html` of a sweep.
 
 Figures are PNGs embedded as data URIs, the style and the table-sorting script are inline: the file opens
 offline in any browser, from anywhere, and can be mailed. Reads the local run records only.
@@ -17,7 +17,7 @@ from typing import Optional
 
 import pandas as pd
 
-from .analysis import at_one_lr, comparison_table, load_frontier, load_layer_records, load_runs, load_scalars, plots
+from . import at_one_lr, comparison_table, load_frontier, load_layer_records, load_runs, load_scalars, plots
 
 RUN_COLUMNS = ["run_name", "experiment", "norm", "depth", "seed", "train.lr", "status", "trained", "final_loss",
                "eval_loss", "excess_loss", "unigram_loss", "learned_fraction", "diverged_at_step", "steps_completed",
@@ -126,7 +126,7 @@ def build_report(root: str | Path) -> str:
     root = Path(root)
     runs = load_runs(root)
     if runs.empty:
-        raise SystemExit(f"deepnorm_exp.report: no runs (no */summary.json) under {root}")
+        raise SystemExit(f"deepnorm_exp.analysis.report: no runs (no */summary.json) under {root}")
     frontier = load_frontier(root)
     lr_axis = "train.lr" in runs and runs["train.lr"].nunique() > 1
     one_lr, lr = at_one_lr(runs)  # curves and profiles average seeds: never across learning rates

@@ -7,7 +7,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from .summary import format_table, load_summaries
+from ..lifecycle.summary import format_table, load_summaries
 
 
 class ComparisonTable(Callback):
