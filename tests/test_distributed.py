@@ -85,6 +85,17 @@ def test_two_ranks_train_what_one_process_trains(runs, parallel):
         assert_close(per_layer_one[column].tolist(), per_layer_two[column].tolist(), rel=1e-4)
 
 
+def test_fsdp_under_bf16_casts_weights_in_compute_and_trains_like_bf16_autocast(tmp_path):
+    """train.precision=bf16 with FSDP: its mixed-precision policy (bf16 weights in compute, fp32 gradient
+    reduction) instead of autocast; the same losses as one process under bf16 autocast, to bf16's precision."""
+    bf16 = [*COMMON, "train.precision=bf16", "train.steps=10"]
+    single = run_cli(*bf16, f"paths.runs={tmp_path / 'single'}")
+    sharded = torchrun(*bf16, f"paths.runs={tmp_path / 'fsdp'}", "train.parallel=fsdp")
+    assert single.returncode == 0 and sharded.returncode == 0, sharded.stderr[-3000:]
+    one, two = metrics(only_run(tmp_path / "single")), metrics(only_run(tmp_path / "fsdp"))
+    assert_close([r["loss"] for r in one], [r["loss"] for r in two], rel=5e-3)
+
+
 def test_one_process_with_micro_batches_trains_the_same_global_batch(runs, tmp_path):
     result = run_cli(*COMMON, f"paths.runs={tmp_path}", "train.micro_batch_size=2")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -132,8 +143,9 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def test_a_killed_two_rank_run_resumes_bit_for_bit(runs, tmp_path):
-    args = [*COMMON, f"paths.runs={tmp_path / 'runs'}", "train.ckpt_every=5"]
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_killed_two_rank_run_resumes_bit_for_bit(runs, tmp_path, parallel):
+    args = [*COMMON, f"paths.runs={tmp_path / 'runs'}", "train.ckpt_every=5", f"train.parallel={parallel}"]
     kill_at_step(args, 12, tmp_path / "pause")
     run = only_run(tmp_path / "runs") if list((tmp_path / "runs").glob("*/*/summary.json")) else \
         next((tmp_path / "runs").glob("*/*/checkpoint.dcp")).parent
@@ -142,7 +154,7 @@ def test_a_killed_two_rank_run_resumes_bit_for_bit(runs, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["status"], summary["resumed_from_step"]) == ("completed", 10)
-    straight = metrics(runs["ddp"])
+    straight = metrics(runs[parallel])
     again = metrics(run)
     assert [r["step"] for r in again] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in again] == [r["loss"] for r in straight]  # bit for bit
