@@ -79,17 +79,18 @@ def test_two_sweeps_at_once_never_share_a_run_or_corrupt_a_record(tiny, runs_roo
 
 
 def test_frontier_sweeper_probes_learning_rates_as_ordinary_runs(tiny, runs_root):
-    result = run_cli("-m", "hydra/sweeper=frontier", "norm=post,deepnorm", "depth=2", *tiny,
+    result = run_cli("-m", "hydra/sweeper=frontier", "norm=post,deepnorm", "depth=2,3", *tiny,
                      "train.steps=20", "train.warmup_steps=0", "train.schedule=constant",
                      "train.divergence.spike_patience=3", "train.divergence.spike_factor=1.5",
                      "hydra.sweeper.lr_min=1e-3", "hydra.sweeper.lr_max=30", "hydra.sweeper.resolution=4",
                      timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((runs_root / "default" / "frontier.json").read_text())
-    assert [cell["norm"] for cell in report["cells"]] == ["post", "deepnorm"]
+    assert [(cell["norm"], cell["depth"]) for cell in report["cells"]] == [
+        ("post", "2"), ("post", "3"), ("deepnorm", "2"), ("deepnorm", "3")]
     runs = summaries(runs_root / "default")
     assert report["runs_spent"] == sum(cell["runs"] for cell in report["cells"]) == len(runs)
-    assert report["grid_runs"] == 2 * 9 and report["runs_spent"] < report["grid_runs"]
+    assert report["grid_runs"] == 4 * 9 and report["runs_spent"] < report["grid_runs"]
     for cell in report["cells"]:
         lrs = [p["lr"] for p in cell["probes"]]
         assert lrs[0] == 30  # the optimistic end first
@@ -97,9 +98,23 @@ def test_frontier_sweeper_probes_learning_rates_as_ordinary_runs(tiny, runs_root
             assert cell["max_stable_lr"] < cell["min_unstable_lr"] <= 4 * cell["max_stable_lr"]
         for probe in cell["probes"]:  # each probe is a run with its own record
             (summary,) = [s for n, s in runs.items()
-                          if s["norm"] == cell["norm"] and lr_of(runs_root / "default" / n) == probe["lr"]]
+                          if s["norm"] == cell["norm"] and s["depth"] == int(cell["depth"])
+                          and lr_of(runs_root / "default" / n) == probe["lr"]]
             assert (summary["status"] == "completed") == probe["stable"]
     assert "stability frontier" in result.stdout
+    # The frontier law from these runs: in the analysis package and in report.html
+    from deepnorm_exp.analysis import load_frontier
+    from deepnorm_exp.analysis.frontier_law import fit_frontier_law
+    from deepnorm_exp.analysis.report import build_report
+
+    law = fit_frontier_law(load_frontier(runs_root / "default")).set_index("norm")
+    closed = {c["norm"] for c in report["cells"] if c["max_stable_lr"] and c["min_unstable_lr"]}
+    for norm in ("post", "deepnorm"):
+        bracketed = sum(1 for c in report["cells"] if c["norm"] == norm and c["max_stable_lr"] and c["min_unstable_lr"])
+        assert law.loc[norm, "cells"] == bracketed and law.loc[norm, "censored"] == 2 - bracketed
+    assert closed  # at least one scheme has a bracketed frontier at some depth
+    page = build_report(runs_root / "default")
+    assert 'id="frontier-law"' in page and "Stability frontier across depth" in page
 
 
 def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_unchanged(tiny, runs_root):

@@ -147,6 +147,39 @@ def stability_map(runs: pd.DataFrame, frontier: Optional[pd.DataFrame] = None, l
     return fig
 
 
+def frontier_law(frontier: pd.DataFrame, fit: Optional[pd.DataFrame] = None) -> Figure:
+    """Max stable lr against depth, log-log, all schemes on one axis: each cell's bracket (largest stable to
+    smallest unstable rate) as a bar at its depth (seeds side by side), the fitted law as a line, its slope
+    and 95% interval in the legend (analysis/frontier_law.py)."""
+    from .frontier_law import fit_frontier_law, frontier_cells
+
+    if frontier is None or frontier.empty or "norm" not in frontier or "depth" not in frontier:
+        return empty("Stability frontier across depth", "no frontier sweep (hydra/sweeper=frontier) under this root")
+    cells = frontier_cells(frontier)
+    fit = fit_frontier_law(frontier) if fit is None else fit
+    fig, (ax,) = panels(1, "Stability frontier across depth", width=6.0, height=4.2)
+    colors = norm_colors(sorted(cells["norm"].unique()))
+    for norm, group in cells.groupby("norm", sort=True):
+        used = group[~group["censored"]]
+        offsets = 1 + 0.03 * (used["seed"] - used["seed"].mean())  # seeds side by side, on a log axis
+        mid = np.sqrt(used["lo"] * used["hi"])
+        ax.errorbar(used["depth"] * offsets, mid, yerr=[mid - used["lo"], used["hi"] - mid], fmt="o",
+                    color=colors[norm], capsize=2, markersize=3)
+        row = fit[fit["norm"] == norm]
+        if len(row) and np.isfinite(row["slope"].iloc[0]):
+            r = row.iloc[0]
+            depths = np.array([min(r["depths"]), max(r["depths"])], dtype=float)
+            ax.plot(depths, np.exp(r["intercept"]) * depths ** r["slope"], color=colors[norm],
+                    label=f"{norm}: slope {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]")
+        else:
+            ax.plot([], [], "o", color=colors[norm], label=f"{norm}: no slope (fewer than 2 depths)")
+    ax.set(yscale="log", xlabel="depth", ylabel="max stable learning rate")
+    depth_axis(ax, cells["depth"])
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return fig
+
+
 # -- 2. model update -----------------------------------------------------------------------------------
 def model_update(scalars: pd.DataFrame, metric: str = "model_update", max_step: Optional[int] = None) -> Figure:
     """||F(x, θ_t) − F(x, θ_0)|| over the first steps, per norm, one line per depth (mean over seeds): the

@@ -18,6 +18,7 @@ from typing import Optional
 import pandas as pd
 
 from . import at_one_lr, comparison_table, load_frontier, load_layer_records, load_runs, load_scalars, plots
+from .frontier_law import fit_frontier_law
 
 RUN_COLUMNS = ["run_name", "experiment", "norm", "depth", "seed", "train.lr", "status", "trained", "final_loss",
                "eval_loss", "excess_loss", "unigram_loss", "learned_fraction", "diverged_at_step", "steps_completed",
@@ -29,6 +30,9 @@ FIGURES = [  # (title, what the paper found and how to read the figure)
      "an x marks a depth where seeds diverged."),
     ("Stability map", "Each run at its depth and learning rate. The paper's claim is a wider stable region for "
      "DeepNorm: its largest stable learning rate should fall least with depth."),
+    ("Stability frontier across depth", "The largest stable learning rate per cell (bars: the bisection's bracket, "
+     "seeds side by side) against depth, log-log, with the fitted law per scheme and its slope's 95% interval. "
+     "If the paper's argument holds, Post-LN's frontier falls with depth and DeepNorm's stays nearly flat."),
     ("Model update", "Figures 4-5 of the paper: Post-LN's model update ||F(x,θt) − F(x,θ0)|| explodes in the first "
      "steps, then almost stops; DeepNorm's stays bounded (of the order of the learning rate) whatever the depth."),
     ("LayerNorm input norm", "The paper's argument: a large ||x|| entering a LayerNorm shrinks the gradient through "
@@ -134,6 +138,7 @@ def build_report(root: str | Path) -> str:
     figures = {
         "Loss vs depth": plots.depth_stability(runs),
         "Stability map": plots.stability_map(runs, frontier) if lr_axis or len(frontier) else None,
+        "Stability frontier across depth": plots.frontier_law(frontier) if len(frontier) else None,
         "Model update": plots.model_update(scalars),
         "LayerNorm input norm": plots.ln_input_norm(layers, one_lr),
         "Per-layer gradient norm": plots.layer_profile(layers, "grad_norm"),
@@ -155,6 +160,14 @@ def build_report(root: str | Path) -> str:
         columns = [c for c in ("norm", "depth", "max_stable_lr", "min_unstable_lr", "runs", "runs_spent", "grid_runs")
                    if c in frontier]
         sections += ["<h2>Stability frontier</h2>", frame_table(frontier[columns], index=False, table_id="frontier")]
+        if {"norm", "depth"} <= set(frontier):
+            law = fit_frontier_law(frontier)
+            law["depths"] = law["depths"].map(lambda ds: ", ".join(map(str, ds)))
+            sections += ["<p>The frontier law, per scheme: log(max stable lr) = intercept + slope log(depth), "
+                         "least squares through each cell's bracket midpoint; the interval is the central 95% "
+                         "over draws that place every cell's frontier inside its bracket and resample the "
+                         "seeds (open brackets are censored: left out, counted).</p>",
+                         frame_table(law, index=False, table_id="frontier-law")]
     for title, caption in FIGURES:
         if figures.get(title) is not None:
             if lr is not None and title in PER_RUN_FIGURES:

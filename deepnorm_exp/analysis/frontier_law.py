@@ -1,0 +1,63 @@
+"""The stability frontier across depth as a measured law: log(max stable lr) against log(depth), per scheme.
+
+Each cell of a `hydra/sweeper=frontier` sweep brackets its frontier: the largest rate seen stable (lo) and
+the smallest seen unstable (hi); the true frontier lies between them. The slope of log(frontier) on
+log(depth) is fitted by least squares; its interval accounts for both sources of uncertainty at once:
+each draw puts every cell's frontier uniformly (in log) inside its bracket and resamples the seeds of every
+depth with replacement, fits the slope, and the interval is the draws' central 95%. A cell whose bracket is
+open (stable at lr_max, or unstable at lr_min) is censored: it says only that the frontier lies beyond the
+range, so it is left out of the fit and counted.
+
+If the DeepNet paper's argument holds, Post-LN's frontier falls with depth (negative slope) and DeepNorm's
+stays nearly flat (slope near 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def frontier_cells(frontier: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell (norm, depth, seed, lo, hi, censored) from `load_frontier`'s rows."""
+    cells = pd.DataFrame({
+        "norm": frontier["norm"].astype(str),
+        "depth": frontier["depth"].astype(int),
+        "seed": frontier["seed"].astype(int) if "seed" in frontier else 0,
+        "lo": pd.to_numeric(frontier["max_stable_lr"], errors="coerce"),
+        "hi": pd.to_numeric(frontier["min_unstable_lr"], errors="coerce"),
+    })
+    cells["censored"] = cells["lo"].isna() | cells["hi"].isna()
+    return cells
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(slope), float(intercept)
+
+
+def fit_frontier_law(frontier: pd.DataFrame, draws: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per norm: `slope` and `intercept` of log(lr) = intercept + slope log(depth) through the brackets'
+    geometric midpoints, `slope_low`/`slope_high` (the 95% interval over brackets and seeds), the cells
+    used and censored, and the depths. Needs two depths with uncensored cells, else the slope is NaN."""
+    cells = frontier_cells(frontier)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for norm, group in cells.groupby("norm", sort=True):
+        used = group[~group["censored"]]
+        row = {"norm": norm, "cells": len(used), "censored": int(group["censored"].sum()),
+               "depths": sorted(used["depth"].unique().tolist()), "slope": np.nan, "intercept": np.nan,
+               "slope_low": np.nan, "slope_high": np.nan}
+        if used["depth"].nunique() >= 2:
+            x = np.log(used["depth"].to_numpy(float))
+            log_lo, log_hi = np.log(used["lo"].to_numpy(float)), np.log(used["hi"].to_numpy(float))
+            row["slope"], row["intercept"] = _slope(x, (log_lo + log_hi) / 2)
+            by_depth = [np.flatnonzero(used["depth"].to_numpy() == d) for d in sorted(used["depth"].unique())]
+            slopes = np.empty(draws)
+            for i in range(draws):
+                pick = np.concatenate([rng.choice(idx, size=len(idx), replace=True) for idx in by_depth])
+                y = rng.uniform(log_lo[pick], log_hi[pick])
+                slopes[i] = _slope(x[pick], y)[0]
+            row["slope_low"], row["slope_high"] = np.quantile(slopes, [0.025, 0.975]).tolist()
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,59 @@
+"""The frontier law: slope of log(max stable lr) on log(depth), with an interval over brackets and seeds."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from deepnorm_exp.analysis.frontier_law import fit_frontier_law
+
+
+def cells(norm, slope, depths=(6, 12, 24, 50, 100), seeds=(0, 1), width=1.5, scale=1e-2, jitter=0.0):
+    """Frontier cells whose true frontier is scale * depth^slope (times a per-seed jitter), each bracketed
+    by a factor `width` around it (the bisection's resolution), the true value at a random place inside."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for depth in depths:
+        for seed in seeds:
+            true = scale * depth ** slope * math.exp(jitter * rng.standard_normal())
+            below = width ** rng.uniform()  # where in the bracket the truth lies
+            rows.append({"norm": norm, "depth": str(depth), "seed": str(seed),
+                         "max_stable_lr": true / below, "min_unstable_lr": true / below * width})
+    return rows
+
+
+def test_a_planted_law_is_recovered_with_an_interval_that_holds_it():
+    frame = pd.DataFrame(cells("post", -0.8) + cells("deepnorm", 0.0))
+    fit = fit_frontier_law(frame).set_index("norm")
+    for norm, slope in (("post", -0.8), ("deepnorm", 0.0)):
+        row = fit.loc[norm]
+        assert row.slope_low <= slope <= row.slope_high
+        assert row.slope == pytest.approx(slope, abs=0.1)
+        assert row.slope_high - row.slope_low < 0.4 and row.cells == 10 and row.censored == 0
+
+
+def test_the_point_slope_is_least_squares_through_the_geometric_midpoints():
+    frame = pd.DataFrame(cells("pre", -0.3, jitter=0.2))
+    x = np.log(frame["depth"].astype(float))
+    y = np.log(np.sqrt(frame["max_stable_lr"] * frame["min_unstable_lr"]))
+    by_hand = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()  # cov / var
+    assert fit_frontier_law(frame)["slope"].iloc[0] == pytest.approx(by_hand, rel=1e-9)
+
+
+def test_open_brackets_are_censored_and_one_depth_gives_no_slope():
+    rows = cells("post", -0.5)
+    rows[0]["min_unstable_lr"] = None  # stable at lr_max: the frontier is above the range
+    rows[1]["max_stable_lr"] = None  # unstable at lr_min
+    fit = fit_frontier_law(pd.DataFrame(rows)).iloc[0]
+    assert (fit.cells, fit.censored) == (8, 2)
+    single = fit_frontier_law(pd.DataFrame(cells("pre", 0.0, depths=(6,)))).iloc[0]
+    assert math.isnan(single.slope) and single.depths == [6]
+
+
+def test_wider_brackets_and_noisier_seeds_widen_the_interval():
+    narrow = fit_frontier_law(pd.DataFrame(cells("post", -0.5, width=1.1))).iloc[0]
+    wide = fit_frontier_law(pd.DataFrame(cells("post", -0.5, width=3.0))).iloc[0]
+    noisy = fit_frontier_law(pd.DataFrame(cells("post", -0.5, width=1.1, jitter=0.5))).iloc[0]
+    width = lambda r: r.slope_high - r.slope_low  # noqa: E731
+    assert width(narrow) < width(wide) and width(narrow) < width(noisy)
