@@ -175,6 +175,24 @@ def test_a_two_rank_checkpoint_resumes_on_one_process(runs, tmp_path):
     assert_close([r["loss"] for r in one], [r["loss"] for r in again])
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_one_process_checkpoint_resumes_on_two_ranks(runs, tmp_path, parallel):
+    """A requeued job that comes back with more processes: checkpoint.pt's full tensors are sharded
+    (FSDP) or replicated (DDP) as they load, its optimizer state mapped to the parameters by name."""
+    from conftest import PausedRun
+
+    args = [*COMMON, f"paths.runs={tmp_path / 'runs'}", "train.ckpt_every=5", f"train.parallel={parallel}"]
+    paused = PausedRun(args, step=7, directory=tmp_path / "pause", env_extra={"OMP_NUM_THREADS": "1"})
+    os.kill(paused.wait_paused(), signal.SIGKILL)
+    paused.finish()
+    resumed = torchrun(*args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run = only_run(tmp_path / "runs")
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["resumed_from_step"], summary["world_size"]) == ("completed", 5, 2)
+    assert_close([r["loss"] for r in metrics(runs["single"])], [r["loss"] for r in metrics(run)])
+
+
 def test_a_preempted_two_rank_run_checkpoints_on_both_ranks_at_one_step_and_resumes(runs, tmp_path):
     """SLURM signals every task: each rank records SIGTERM when it can (rank 1 is then blocked in a
     collective), they agree on one step, checkpoint together and stop; the re-run continues bit for bit."""

@@ -143,8 +143,7 @@ def restore(trainer: Trainer, state: dict) -> None:
     if "sharded" in state:
         sharded.load_model_and_optimizer(Path(state["sharded"]), trainer.model, trainer.optimizer)
     elif trainer.runtime.distributed:
-        raise RecordError(f"{CHECKPOINT} was written by one process; resume it with one process, "
-                          f"or resume=false to start over with {trainer.runtime.world_size}")
+        sharded.load_full(trainer.model, trainer.optimizer, state["model"], state["optimizer"])
     else:
         trainer.model.load_state_dict(state["model"])
         trainer.optimizer.load_state_dict(state["optimizer"])

@@ -73,6 +73,21 @@ def load_model_and_optimizer(directory: Path, model: torch.nn.Module, optimizer:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
+def load_full(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict) -> None:
+    """Restore a one-process checkpoint (full tensors; the optimizer's state keyed by parameter position)
+    into a run on several processes, whatever its parallelism (FSDP shards the full tensors as it loads)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # The same config builds the same parameter groups in the same order: position -> parameter name.
+    names = {param: name for name, param in model.named_parameters()}
+    order = [names[param] for group in optimizer.param_groups for param in group["params"]]
+    by_name = {"state": {order[i]: value for i, value in optimizer_state["state"].items()},
+               "param_groups": [{**group, "params": [order[i] for i in group["params"]]}
+                                for group in optimizer_state["param_groups"]]}
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=by_name,
+                   options=StateDictOptions(full_state_dict=True))
+
+
 def remove(directory: Path) -> None:
     for path in (directory, temporary_dir(directory), previous_dir(directory)):
         shutil.rmtree(path, ignore_errors=True)
