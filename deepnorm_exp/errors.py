@@ -21,6 +21,9 @@ class ConfigError(HarnessError, ValueError):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key}={value!s} is invalid: {allowed}")
 
+    def __reduce__(self):  # pickled whole: the main process's refusal is sent to every rank of a run
+        return type(self), (self.key, self.value, self.allowed)
+
 
 class RecordError(HarnessError):
     """A record file the run needs is damaged: the message names it and the way out."""

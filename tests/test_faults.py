@@ -491,3 +491,14 @@ def test_a_metric_switched_on_for_a_resumed_run_measures_what_an_uninterrupted_r
     assert sorted(after) == list(range(7, 13))  # measured from the resumption on
     expected = model_update(straight["run_dir"])
     assert all(after[step] == pytest.approx(expected[step], rel=1e-6) for step in after)
+
+
+def test_errors_survive_pickling_to_the_other_ranks():
+    """The main process decides for a run directory and broadcasts the decision, a refusal included."""
+    import pickle
+
+    from deepnorm_exp.errors import ConfigError, RecordError
+
+    refused = pickle.loads(pickle.dumps(ConfigError("train.lr", 1e-3, "the sweeper owns it")))
+    assert (refused.key, refused.value, str(refused)) == ("train.lr", 1e-3, "train.lr=0.001 is invalid: the sweeper owns it")
+    assert refused.exit_status == 2 and str(pickle.loads(pickle.dumps(RecordError("x is damaged")))) == "x is damaged"
