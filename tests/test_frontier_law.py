@@ -45,8 +45,9 @@ def test_open_brackets_are_censored_and_one_depth_gives_no_slope():
     rows = cells("post", -0.5)
     rows[0]["min_unstable_lr"] = None  # stable at lr_max: the frontier is above the range
     rows[1]["max_stable_lr"] = None  # unstable at lr_min
+    rows[2]["max_stable_lr"] = rows[2]["min_unstable_lr"] = None  # a failed probe: an error, not a bound
     fit = fit_frontier_law(pd.DataFrame(rows)).iloc[0]
-    assert (fit.cells, fit.censored) == (8, 2)
+    assert (fit.cells, fit.censored, fit.errors, fit.censored_depths) == (7, 2, 1, [6])
     single = fit_frontier_law(pd.DataFrame(cells("pre", 0.0, depths=(6,)))).iloc[0]
     assert math.isnan(single.slope) and single.depths == [6]
 

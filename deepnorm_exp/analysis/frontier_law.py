@@ -6,7 +6,10 @@ log(depth) is fitted by least squares; its interval accounts for both sources of
 each draw puts every cell's frontier uniformly (in log) inside its bracket and resamples the seeds of every
 depth with replacement, fits the slope, and the interval is the draws' central 95%. A cell whose bracket is
 open (stable at lr_max, or unstable at lr_min) is censored: it says only that the frontier lies beyond the
-range, so it is left out of the fit and counted.
+range, so it is left out of the fit and counted, with its depth listed. Censoring is not at random (Post-LN
+is unstable even at lr_min exactly at its deepest depths; DeepNorm stable at lr_max where it is flattest),
+so a fit with censored depths is biased toward the uncensored depths' trend and its interval is too narrow:
+read `censored_depths` beside the slope. A cell whose probe failed (not diverged) is an error, not a bound.
 
 If the DeepNet paper's argument holds, Post-LN's frontier falls with depth (negative slope) and DeepNorm's
 stays nearly flat (slope near 0).
@@ -27,7 +30,9 @@ def frontier_cells(frontier: pd.DataFrame) -> pd.DataFrame:
         "lo": pd.to_numeric(frontier["max_stable_lr"], errors="coerce"),
         "hi": pd.to_numeric(frontier["min_unstable_lr"], errors="coerce"),
     })
-    cells["censored"] = cells["lo"].isna() | cells["hi"].isna()
+    # A cell whose probe failed (not diverged) has neither end: an error, not a measurement.
+    cells["error"] = cells["lo"].isna() & cells["hi"].isna()
+    cells["censored"] = (cells["lo"].isna() | cells["hi"].isna()) & ~cells["error"]
     return cells
 
 
@@ -44,8 +49,10 @@ def fit_frontier_law(frontier: pd.DataFrame, draws: int = 2000, seed: int = 0) -
     rng = np.random.default_rng(seed)
     rows = []
     for norm, group in cells.groupby("norm", sort=True):
-        used = group[~group["censored"]]
+        used = group[~group["censored"] & ~group["error"]]
         row = {"norm": norm, "cells": len(used), "censored": int(group["censored"].sum()),
+               "errors": int(group["error"].sum()),
+               "censored_depths": sorted(group.loc[group["censored"], "depth"].unique().tolist()),
                "depths": sorted(used["depth"].unique().tolist()), "slope": np.nan, "intercept": np.nan,
                "slope_low": np.nan, "slope_high": np.nan}
         if used["depth"].nunique() >= 2:

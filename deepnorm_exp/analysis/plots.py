@@ -160,7 +160,7 @@ def frontier_law(frontier: pd.DataFrame, fit: Optional[pd.DataFrame] = None) -> 
     fig, (ax,) = panels(1, "Stability frontier across depth", width=6.0, height=4.2)
     colors = norm_colors(sorted(cells["norm"].unique()))
     for norm, group in cells.groupby("norm", sort=True):
-        used = group[~group["censored"]]
+        used = group[~group["censored"] & ~group["error"]]
         offsets = 1 + 0.03 * (used["seed"] - used["seed"].mean())  # seeds side by side, on a log axis
         mid = np.sqrt(used["lo"] * used["hi"])
         ax.errorbar(used["depth"] * offsets, mid, yerr=[mid - used["lo"], used["hi"] - mid], fmt="o",

@@ -101,10 +101,10 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
 def _plan(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
     """The main process's decision for a run directory, under its lock: ("train", resuming), ("skip",
     summary) or ("error", the exception), so that every rank can act on it."""
-    if not lock.acquire():
-        log.warning("%s: another process is running it; leaving it to that one", out_dir)
-        return "skip", {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
     try:
+        if not lock.acquire():
+            log.warning("%s: another process is running it; leaving it to that one", out_dir)
+            return "skip", {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
         check_claim(out_dir, cfg)
         previous = read_summary(out_dir / "summary.json")
         if cfg.resume and previous is not None and previous.get("status") in FINAL:
@@ -219,6 +219,8 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         # The scheme's pass before training (Admin's profiling), on the first rows; also when resuming, so the
         # model holds theta_0 exactly until the checkpoint is restored (the model update's reference).
         scheme.prepare(model, to_device({k: v[:cfg.train.batch_size] for k, v in data.train.items()}, device))
+        if runtime.rank > 0:  # its own dropout masks for its share of the batch (rank 0 keeps the seed's stream)
+            torch.manual_seed(cfg.seed + 1_000_003 * runtime.rank)
         sinks = build_sinks(cfg, out_dir, name) if runtime.is_main else []
         dtype = autocast_dtype(cfg.train.precision, device)
         if parallel == "fsdp":  # FSDP's mixed-precision policy casts the weights itself (fp32 reductions)
@@ -263,8 +265,10 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
         if trainer.scaler is not None:
             summary.update(loss_scale=trainer.scaler.get_scale(), skipped_steps=metrics.skipped_steps)
-        if guard.stop_reason() is not None and divergence.event is None:
-            summary.update(status="interrupted", error=guard.stop_reason(), eval_loss=evaluation.last,
+        # Agreed: a rank without the signal must not go on to evaluate (a collective) while the others return.
+        interrupted = runtime.agree(guard.stop_reason()) if divergence.event is None else None
+        if interrupted is not None:
+            summary.update(status="interrupted", error=interrupted, eval_loss=evaluation.last,
                            eval_step=evaluation.last_step or None)
             return summary  # no evaluation: a preempted job has seconds left; the resumed run finishes it
 

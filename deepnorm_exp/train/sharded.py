@@ -49,6 +49,7 @@ def save(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     if runtime.is_main:
         write_trainer_state(temporary / TRAINER_STATE, {**trainer_state, "rng": rngs[0], "rngs": rngs})
         old = previous_dir(directory)
+        shutil.rmtree(old, ignore_errors=True)  # left by a kill between the renames below and its removal
         if directory.exists():
             directory.rename(old)
         temporary.rename(directory)

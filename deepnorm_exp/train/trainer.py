@@ -242,4 +242,7 @@ def evaluate(objective: nn.Module, tensors: dict[str, torch.Tensor], batch_size:
         total += loss.item() * tokens
         count += tokens
     objective.train(was_training)
+    reshard = getattr(objective, "reshard", None)  # FSDP: shard the root's weights again (see parallel.Routed)
+    if reshard is not None:
+        reshard()
     return total / count
