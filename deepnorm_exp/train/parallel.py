@@ -58,11 +58,7 @@ class Routed:
                 with torch.compiler.set_stance("force_eager"):
                     return self.objective(*args, method=method, **kwargs)
             finally:
-                # FSDP keeps the root's weights gathered after a forward outside backward; the next
-                # training forward would then leave their gradients out of the reduction. Shard them again.
-                reshard = getattr(self.objective, "reshard", None)
-                if reshard is not None:
-                    reshard()
+                reshard_root(self.objective)
         return call
 
 
@@ -105,11 +101,13 @@ def wrap(model: nn.Module, runtime: Runtime, parallel: str, param_dtype: torch.d
     raise ConfigError("train.parallel", parallel, f"choose one of: {', '.join(PARALLEL)}")
 
 
-def unwrap(objective: nn.Module) -> nn.Module:
-    """The model inside an Objective, whatever wraps it."""
-    inner = getattr(objective, "module", objective)  # DDP
-    inner = getattr(inner, "_orig_mod", inner)  # torch.compile
-    return inner.model
+def reshard_root(objective: nn.Module) -> None:
+    """After a forward outside the training step (evaluation, the instruments' probes): FSDP keeps the
+    root's weights gathered, and the next training forward would then leave their gradients out of the
+    reduction. Shard them again; nothing to do without FSDP."""
+    reshard = getattr(objective, "reshard", None)
+    if reshard is not None:
+        reshard()
 
 
 @contextlib.contextmanager

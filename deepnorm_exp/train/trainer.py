@@ -18,7 +18,7 @@ from torch import nn
 
 from ..runtime import Runtime
 from .batches import sequential_batches
-from .parallel import no_gradient_sync
+from .parallel import no_gradient_sync, reshard_root
 
 
 @dataclass
@@ -242,7 +242,5 @@ def evaluate(objective: nn.Module, tensors: dict[str, torch.Tensor], batch_size:
         total += loss.item() * tokens
         count += tokens
     objective.train(was_training)
-    reshard = getattr(objective, "reshard", None)  # FSDP: shard the root's weights again (see parallel.Routed)
-    if reshard is not None:
-        reshard()
+    reshard_root(objective)
     return total / count
