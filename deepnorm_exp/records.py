@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import math
@@ -23,6 +24,11 @@ from typing import Any, Iterator, Optional
 log = logging.getLogger("deepnorm_exp")
 
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def utc_now() -> str:
+    """A timestamp for the records: UTC, ISO 8601, to the second."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def encode(value: Any) -> Any:

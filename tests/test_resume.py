@@ -96,6 +96,28 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_losses_and_records(tmp
     assert a.equals(b)
 
 
+def test_wall_time_counts_the_segments_before_a_resume(tmp_path):
+    """summary.wall_s of a resumed run = the clock saved in the checkpoint + the resumed process's time (a
+    day planted in the checkpoint must show up), and when it started and finished."""
+    from deepnorm_exp.train.trainer import Callback
+
+    class Crash(Callback):
+        def on_step_end(self, trainer, out):
+            if out.step == 5:
+                raise SimulatedCrash
+
+    with pytest.raises(SimulatedCrash):
+        run_experiment(config(tmp_path, "train.ckpt_every=4"), progress=False, callbacks=[Crash()])
+    (path,) = tmp_path.rglob("checkpoint.pt")
+    state = torch.load(path, weights_only=False)
+    assert 0 < state["callbacks"]["WallClock"]["elapsed_s"] < 600
+    state["callbacks"]["WallClock"]["elapsed_s"] = 86400.0
+    torch.save(state, path)
+    resumed = run_experiment(config(tmp_path, "train.ckpt_every=4"), progress=False)
+    assert resumed["resumed_from_step"] == 4 and 86400 < resumed["wall_s"] < 86400 + 600
+    assert resumed["started_at"] <= resumed["finished_at"] and resumed["finished_at"].endswith("+00:00")
+
+
 def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path):
     from deepnorm_exp.train.trainer import Callback
 

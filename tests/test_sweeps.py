@@ -60,6 +60,11 @@ def test_rerunning_a_finished_sweep_launches_nothing(tiny, runs_root):
     after = summaries(runs_root / "default")
     assert grown.returncode == 0 and len(after) == 3
     assert {n: after[n]["wall_s"] for n in before} == before
+    # Each invocation that launched something is logged (the results page measures presets' times from it).
+    log = [json.loads(line) for line in (runs_root / "default" / "sweeps.jsonl").read_text().splitlines()]
+    assert [line["event"] for line in log] == ["start", "end"] * 2
+    assert log[-2]["overrides"][0] == "norm=post,pre,deepnorm" and log[-2]["sweeper"] == "BasicSweeper"
+    assert log[0]["at"] <= log[1]["at"] <= log[2]["at"] <= log[3]["at"]
 
 
 def test_two_sweeps_at_once_never_share_a_run_or_corrupt_a_record(tiny, runs_root):

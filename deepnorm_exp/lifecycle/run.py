@@ -23,12 +23,12 @@ from .rundir import run_name as make_run_name
 from ..sinks import build_sinks
 from .preemption import PreemptionGuard
 from ..runtime import Runtime, init_runtime
-from ..records import atomic_path, remove_temporaries
+from ..records import atomic_path, remove_temporaries, utc_now
 from .runlock import RunLock
 from .summary import TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
 from ..train import checkpoint
 from ..train.batches import RandomBatches
-from ..train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics
+from ..train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics, WallClock
 from ..train.optim import build_optimizer, build_scheduler
 from ..train.parallel import Routed, resolve_parallel, wrap
 from ..train.throughput import Throughput, flops_per_token, peak_flops
@@ -177,7 +177,7 @@ def check_claim(out_dir: Path, cfg: DictConfig) -> None:
 def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming: bool,
            progress: bool | None, callbacks: Sequence[Callback], guard: PreemptionGuard, memory,
            positions: int) -> dict:
-    started = time.perf_counter()
+    started, clock = time.perf_counter(), None
     device = runtime.device
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -191,7 +191,8 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         "diverged_at_step": None, "divergence_reason": None, "divergence": None,
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
         **scheme.constants(), "params": None, "memory_estimate_gib": memory.total_bytes / GIB,
-        "tokens_per_s": None, "flops_per_token": None, "mfu": None, "peak_memory_gib": None, "wall_s": None, "loss_scale": None, "skipped_steps": None,
+        "tokens_per_s": None, "flops_per_token": None, "mfu": None, "peak_memory_gib": None, "wall_s": None,
+        "started_at": utc_now(), "finished_at": None, "loss_scale": None, "skipped_steps": None,
         "experiment": cfg.experiment_name, "run_name": name, "run_dir": str(out_dir), "device": str(device),
         "world_size": runtime.world_size, "parallel": parallel, "exact_match": None, "error": None,
     }
@@ -240,6 +241,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
                                         cfg.train.min_loss_scale)
         instruments, blocks = build_instruments(cfg.metrics, cfg.train.log_every, model, data.eval, device,
                                                 routed=Routed(objective))
+        clock = WallClock(started)
         checkpointer = checkpoint.Checkpointer(out_dir, cfg.train.ckpt_every, guard.stop_reason,
                                                extra={"config": OmegaConf.to_container(cfg, resolve=True)})
         optimizer = build_optimizer(model, cfg.train, scheme.param_groups(model, cfg.train.lr))
@@ -253,7 +255,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
             # the checkpointer last, once every other callback's state is final for the step.
             callbacks=[metrics, throughput, evaluation, *instruments, divergence,
                        ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress if runtime.is_main else False),
-                       RecordFlusher(sinks, blocks.columns()), *callbacks, checkpointer],
+                       RecordFlusher(sinks, blocks.columns()), *callbacks, clock, checkpointer],
         )
         if state is not None:
             checkpoint.restore(trainer, state)
@@ -301,7 +303,9 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
     finally:
         if trainer is not None:
             summary["steps_completed"] = trainer.step
-        summary["wall_s"] = time.perf_counter() - started
+        # Across resumes (WallClock), once the checkpoint's clock is restored; set-up alone before that.
+        summary["wall_s"] = clock.elapsed() if clock is not None else time.perf_counter() - started
+        summary["finished_at"] = utc_now()
         if runtime.is_main:
             try:
                 write_summary(out_dir / "summary.json", summary)

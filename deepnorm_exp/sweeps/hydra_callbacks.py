@@ -1,18 +1,51 @@
-"""Hydra callbacks: the comparison table printed when a multirun ends."""
+"""Hydra callbacks: the comparison table printed when a multirun ends, and the log of sweep invocations
+(`runs/<experiment>/sweeps.jsonl`) that the results page measures a preset's wall time from."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from .. import records
 from ..lifecycle.summary import format_table, load_summaries
+
+SWEEP_LOG = "sweeps.jsonl"
+
+
+def experiment_dir(config: DictConfig) -> Path:
+    return Path(config.paths.runs) / str(config.experiment_name)
 
 
 class ComparisonTable(Callback):
     """Prints every run recorded under runs/<experiment>/ as one norm x depth table."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        root = Path(config.paths.runs) / str(config.experiment_name)
+        root = experiment_dir(config)
         print(f"\n{root}\n{format_table(*load_summaries(root))}", flush=True)
+
+
+class SweepLog(Callback):
+    """One line per multirun invocation when it starts (its overrides, launcher, sweeper) and one when it
+    ends. A sweep that was killed has no end line: its time ends with the last run that finished
+    (`analysis.results.sweep_wall_time`). Appended, never rewritten: a resumed sweep adds its own lines."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        hydra = config.hydra
+        self._append(config, {"event": "start", "overrides": list(hydra.overrides.task),
+                              "launcher": _target(hydra.launcher), "sweeper": _target(hydra.sweeper)})
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self._append(config, {"event": "end"})
+
+    @staticmethod
+    def _append(config: DictConfig, line: dict) -> None:
+        path = experiment_dir(config) / SWEEP_LOG
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as log:  # one short write: a line is whole or absent
+            log.write(records.dumps({"at": records.utc_now(), **line}) + "\n")
+
+
+def _target(node: DictConfig) -> str:
+    return str(OmegaConf.select(node, "_target_", default="")).rsplit(".", 1)[-1]

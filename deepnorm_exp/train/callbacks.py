@@ -1,9 +1,11 @@
-"""Callbacks that observe training: scalar metrics, evaluation, divergence, progress, record flushing."""
+"""Callbacks that observe training: scalar metrics, evaluation, divergence, progress, record flushing,
+the run's wall clock."""
 
 from __future__ import annotations
 
 import math
 import sys
+import time
 from typing import Callable
 
 import numpy as np
@@ -220,3 +222,21 @@ class RecordFlusher(Callback):
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
         self._flush(trainer, out.step)
+
+
+class WallClock(Callback):
+    """The run's wall time across resumes: what earlier processes spent up to their last checkpoint (restored
+    from it) plus this process's time since `started` (a `time.perf_counter()` reading taken before set-up).
+    Work an interruption threw away after the last checkpoint is not counted: it is redone, and counted then."""
+
+    def __init__(self, started: float):
+        self.started, self.before = started, 0.0
+
+    def elapsed(self) -> float:
+        return self.before + time.perf_counter() - self.started
+
+    def state_dict(self) -> dict:
+        return {"elapsed_s": self.elapsed()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.before = state["elapsed_s"]
