@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast bench report notebooks clean-runs
+.PHONY: install run test test-fast bench report notebooks results clean-runs
 EXPERIMENT ?= quickstart
 
 $(STAMP): pyproject.toml
@@ -32,6 +32,14 @@ report: $(STAMP)
 # The analysis notebooks executed against one experiment, written with outputs to runs/<experiment>/notebooks/
 notebooks: $(STAMP)
 	$(PY) -m deepnorm_exp.analysis.notebooks runs/$(EXPERIMENT)
+
+# docs/results.md and its figures from every study under runs/, and the README's generated blocks (the
+# quick start's table, the claims' tally) from the same records: docs/results.md says which presets to run.
+RUNS ?= runs
+DOCS ?= docs
+README ?= README.md
+results: $(STAMP)
+	$(PY) -m deepnorm_exp.analysis.results $(RUNS) --out $(DOCS) $(if $(README),--readme $(README))
 
 # Every test, the end-to-end CLI runs (marked slow) included.
 test: $(STAMP)

@@ -1,9 +1,11 @@
 """Analysis: loaders on a real tiny sweep, every plot on synthetic frames, the notebooks, the report."""
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -232,3 +234,47 @@ def test_report_renders_in_headless_chromium_without_console_errors(sweep, tmp_p
     assert evals[-1] == "" and rows[-1][0] == "diverged"
     shot = chromium(*profile, f"--screenshot={tmp_path / 'report.png'}", "--window-size=1400,2400", report.as_uri())
     assert shot.returncode == 0 and (tmp_path / "report.png").stat().st_size > 10_000, shot.stderr
+
+
+def test_make_results_writes_the_page_and_the_readme_blocks_from_a_tiny_sweep(sweep, tmp_path):
+    """`make results` on studies made of the tiny sweep's runs: every section that has runs is written from
+    them (checked against the summaries read here), the others say how to run them, every figure exists and
+    is small, and the README's generated blocks are rewritten from the same records."""
+    root = tmp_path / "runs"
+    for study in ("paper_depth_sweep", "model_update", "quickstart"):
+        shutil.copytree(sweep, root / study)
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results:quickstart -->\nold table\n<!-- /results:quickstart -->\nmiddle\n"
+                      "<!-- results:claims -->\nold tally\n<!-- /results:claims -->\n<!-- results:zoo -->\nkept\n"
+                      "<!-- /results:zoo -->\n")
+    proc = subprocess.run(["make", "-s", "results", f"PY={sys.executable}", "STAMP=", f"RUNS={root}",
+                           f"DOCS={tmp_path / 'docs'}", f"README={readme}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "docs" / "results.md").read_text()
+    sections = dict(re.findall(r"\n## ([^\n]+)\n(.*?)(?=\n## |\Z)", page, re.S))
+    assert "Not run yet." not in sections["Depth sweep, decoder-only"] + sections["Quick start"]
+    assert "Not run yet." in sections["Depth sweep, encoder-decoder"] and "Not run yet." in sections["The zoo"]
+    images = re.findall(r"!\[[^\]]*\]\((results/[^)]+\.png)\)", page)
+    assert len(images) == 4  # depth stability, model update, LN inputs, per-layer gradients
+    for image in images:
+        assert 1_000 < (tmp_path / "docs" / image).stat().st_size < 150_000
+    # The decoder table's (pre, depth 2) cell, against the summaries read here
+    summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
+    losses = [s["eval_loss"] for s in summaries if (s["norm"], s["depth"]) == ("pre", 2)]
+    row = re.search(r"\n\| pre \| ([^|]+) \|", sections["Depth sweep, decoder-only"]).group(1).strip()
+    assert row.startswith(f"{np.mean(losses):.3f} ± {np.std(losses, ddof=1):.3f}")
+    # The claims: one row each; "DeepNorm trains at every depth" as the summaries say
+    rows = [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+            for line in sections["The paper's claims"].splitlines() if line.startswith("| ")][1:]
+    claims = [(text, study.strip("`"), outcome.strip("*")) for text, study, _, outcome, _ in rows]
+    assert len(claims) == 15
+    verdict = {text.strip(): outcome for text, study, outcome in claims if study == "paper_depth_sweep"}
+    all_trained = all(s["status"] == "completed" and s["trained"] for s in summaries if s["norm"] == "deepnorm")
+    assert verdict["DeepNorm trains at every depth."] == ("reproduced at this scale" if all_trained else "not reproduced")
+    assert dict((s, o) for _, s, o in claims)["paper_1000l"] == "not testable here"
+    assert "elapsed" in sections["Presets: commands and times"]  # the tiny sweep's own sweeps.jsonl
+    text = readme.read_text()
+    assert "old table" not in text and "kept" in text and "old tally" not in text
+    assert all(s["run_name"] in text for s in summaries)
+    assert re.search(r"Of the paper's 15 claims checked in \[docs/results.md\]", text)

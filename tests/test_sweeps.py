@@ -120,6 +120,18 @@ def test_frontier_sweeper_probes_learning_rates_as_ordinary_runs(tiny, runs_root
     assert closed  # at least one scheme has a bracketed frontier at some depth
     page = build_report(runs_root / "default")
     assert 'id="frontier-law"' in page and "Stability frontier across depth" in page
+    # ... and on the results page, as the frontier_depth study: the law, its figure, every cell
+    import shutil
+
+    from deepnorm_exp.analysis.results import build_results
+
+    shutil.copytree(runs_root / "default", runs_root.parent / "studies" / "frontier_depth")
+    results = build_results(runs_root.parent / "studies", runs_root.parent / "docs").read_text()
+    section = results[results.index("## Stability frontier across depth"):].split("\n## ")[0]
+    assert "(results/frontier_law.png)" in section and (runs_root.parent / "docs/results/frontier_law.png").is_file()
+    assert f"({report['runs_spent']} probe runs; a grid at the same resolution would have taken 36)" in section
+    law_table = section[section.index("| norm | slope | slope_low | slope_high |"):].split("\n\n")[0]
+    assert [line.split(" | ")[0] for line in law_table.splitlines()[2:]] == ["| deepnorm", "| post"]
 
 
 def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_unchanged(tiny, runs_root):

@@ -7,8 +7,9 @@ import pandas as pd
 from .plots import norms_in
 
 
-def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss") -> pd.DataFrame:
-    """norm x depth: "mean ± std" of `metric` over the seeds that did not diverge, and "k/n diverged"."""
+def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss", untrained: bool = False) -> pd.DataFrame:
+    """norm x depth: "mean ± std" of `metric` over the seeds that did not diverge, and "k/n diverged";
+    `untrained`: also "k/n untrained" (completed without learning 10% of the gap: summary.trained false)."""
     if runs.empty:
         return pd.DataFrame()
     cells: dict[str, dict[int, str]] = {}
@@ -20,6 +21,9 @@ def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss") -> pd.DataFr
             text += f" ± {values.std():.3f}"
         if diverged:
             text += f" ({diverged}/{len(group)} diverged)"
+        stuck = int((group["status"].eq("completed") & group["trained"].eq(False)).sum()) if untrained else 0
+        if stuck:
+            text += f" ({stuck}/{len(group)} untrained)"
         cells.setdefault(norm, {})[int(depth)] = text
     table = pd.DataFrame(cells).T.reindex(norms_in(runs))
     table = table[sorted(table.columns)]

@@ -1,0 +1,227 @@
+"""`make results` (`python -m deepnorm_exp.analysis.results runs --out docs`): the results page.
+
+Writes `docs/results.md` and its figures (small PNGs in `docs/results/`) from the run records under `runs/`,
+one section per study (a preset of `conf/experiment/`), and the paper's claims judged by `claims.py`. A study
+that has not run says so and gives its command. Nothing on the page is typed in: every number is read from
+the records by this module, and `--readme README.md` rewrites the README's generated blocks (between
+`<!-- results:NAME -->` and `<!-- /results:NAME -->`) from the same records, leaving a block whose study has
+no runs as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import pandas as pd
+
+from . import comparison_table, plots
+from .claims import Evidence, judge
+from .frontier_law import fit_frontier_law
+from .timing import preset_time
+from ..lifecycle.summary import format_table, load_summaries
+
+FIGURE_DIR = "results"  # beside results.md
+DPI = 72  # small files: the page is read on GitHub, the full-size figures are in report.html
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str  # conf/experiment/<name>.yaml and runs/<name>/
+    title: str
+    about: str
+
+    @property
+    def command(self) -> str:
+        return f"python -m deepnorm_exp -m experiment={self.name}"
+
+
+STUDIES = [
+    Study("paper_depth_sweep", "Depth sweep, decoder-only",
+          "Post-LN, Pre-LN and DeepNorm at depths 6-200, three seeds, the paper's optimizer scaled down "
+          "(conf/experiment/paper_depth_sweep.yaml)."),
+    Study("paper_depth_sweep_encdec", "Depth sweep, encoder-decoder",
+          "The same on N-N encoder-decoder models and the synthetic translation task, N = 6-100."),
+    Study("frontier_depth", "Stability frontier across depth",
+          "Per scheme, depth and seed, the largest learning rate that trains, found by bisection "
+          "(hydra/sweeper=frontier), and the law log(max lr) = a + b log(depth) fitted per scheme."),
+    Study("model_update", "Model update, LayerNorm inputs and per-layer gradients (the paper's figures 3-5)",
+          "The first 100 steps at depths 6 to 1,000, every scalar every step, per-layer vectors every 10."),
+    Study("quickstart", "Quick start", "`make run`: three schemes at depths 6 and 48, one seed."),
+    Study("zoo_depth_sweep", "The zoo", "Every scheme at depths 6, 24 and 100, one seed, the quick start's training."),
+]
+
+
+def markdown_table(frame: pd.DataFrame, index: bool = True) -> str:
+    frame = frame.reset_index() if index else frame
+    cell = lambda v: "" if v is None or (isinstance(v, float) and pd.isna(v)) else (  # noqa: E731
+        f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "\\|"))
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+class Page:
+    """Markdown lines and the figures written beside them."""
+
+    def __init__(self, out: Path):
+        self.out, self.lines = out, []
+        (out / FIGURE_DIR).mkdir(parents=True, exist_ok=True)
+
+    def add(self, *blocks: str) -> None:
+        """Paragraphs, tables, headings: each its own block (a table must not touch a paragraph)."""
+        for block in blocks:
+            self.lines += [block, ""]
+
+    def figure(self, name: str, fig, caption: str) -> None:
+        path = self.out / FIGURE_DIR / f"{name}.png"
+        path.write_bytes(plots.figure_png(fig, dpi=DPI))  # a pyplot-free Figure: nothing to close
+        self.add(f"![{caption}]({FIGURE_DIR}/{path.name})\n*{caption}*")
+
+
+def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
+    def depth_sweep(name: str) -> Callable[[Page], None]:
+        def write(page: Page) -> None:
+            runs = evidence.runs(name)
+            page.add("Eval loss, mean ± std over seeds that did not diverge; (k/n diverged), (k/n untrained: "
+                     "completed without learning 10% of the gap from the unigram to the optimal loss).",
+                     markdown_table(comparison_table(runs, untrained=True)))
+            page.figure(f"{name}_depth_stability", plots.depth_stability(runs),
+                        "Loss against depth per scheme (x: a depth where seeds diverged).")
+        return write
+
+    def frontier(page: Page) -> None:
+        cells = evidence.frontier("frontier_depth")
+        if cells.empty:
+            page.add("The sweep has not finished: `frontier.json` is written when every cell is settled.")
+            return
+        law = fit_frontier_law(cells)
+        law["depths"] = law["depths"].map(lambda ds: ", ".join(map(str, ds)))
+        law["censored_depths"] = law["censored_depths"].map(lambda ds: ", ".join(map(str, ds)))
+        page.add("The law per scheme (slope: 95% interval over the brackets and the seeds; censored cells, whose "
+                 "frontier lies outside the searched range, are left out of the fit and listed):",
+                 markdown_table(law[["norm", "slope", "slope_low", "slope_high", "intercept", "cells", "censored",
+                                     "censored_depths", "errors", "depths"]], index=False))
+        page.figure("frontier_law", plots.frontier_law(cells, fit_frontier_law(cells)),
+                    "Largest learning rate that trains against depth (bars: the bisection's bracket).")
+        columns = [c for c in ("norm", "depth", "seed", "max_stable_lr", "min_unstable_lr", "runs") if c in cells]
+        cells = cells.assign(depth=cells["depth"].astype(int))  # frontier.json keeps the override's text
+        page.add(f"Every cell ({int(cells['runs_spent'].iloc[0])} probe runs; a grid at the same resolution "
+                 f"would have taken {int(cells['grid_runs'].iloc[0])}):",
+                 markdown_table(cells[columns].sort_values(["norm", "depth", "seed"]), index=False))
+
+    def model_update(page: Page) -> None:
+        runs = evidence.at_one_lr("model_update")
+        page.figure("model_update", plots.model_update(evidence.scalars("model_update")),
+                    "||F(x,θt) − F(x,θ0)|| over the first 100 steps, per scheme, one line per depth (figures 4-5).")
+        page.figure("ln_input_norm", plots.ln_input_norm(evidence.layers("model_update"), runs),
+                    "LayerNorm input ||x|| / sqrt(d) by position in the stack, at the last per-layer step (figure 3).")
+        page.figure("layer_grad_norm", plots.layer_profile(evidence.layers("model_update"), "grad_norm"),
+                    "Per-layer gradient norm by position in the stack, at the last per-layer step.")
+
+    def one_seed_table(name: str) -> Callable[[Page], None]:
+        def write(page: Page) -> None:
+            page.add("Eval loss; (1/1 untrained): completed without learning 10% of the gap.",
+                     markdown_table(comparison_table(evidence.runs(name), untrained=True)))
+        return write
+
+    return {"paper_depth_sweep": depth_sweep("paper_depth_sweep"),
+            "paper_depth_sweep_encdec": depth_sweep("paper_depth_sweep_encdec"),
+            "frontier_depth": frontier, "model_update": model_update,
+            "quickstart": one_seed_table("quickstart"), "zoo_depth_sweep": one_seed_table("zoo_depth_sweep")}
+
+
+def claims_table(root: Path) -> str:
+    rows = [{"the paper": c.paper, "study": f"`{c.study}`", "rule": c.rule, "here": f"**{v.outcome}**",
+             "numbers": v.numbers} for c, v in judge(root)]
+    return markdown_table(pd.DataFrame(rows), index=False)
+
+
+def times_table(evidence: Evidence, root: Path) -> str:
+    rows = []
+    for study in STUDIES:
+        runs = evidence.runs(study.name)
+        time = preset_time(root / study.name, runs).describe() if not runs.empty else "not run yet"
+        rows.append({"preset": f"`{study.name}`", "command": f"`{study.command}`", "time here": time})
+    return markdown_table(pd.DataFrame(rows), index=False)
+
+
+def build_results(root: str | Path, out: str | Path) -> Path:
+    root, out = Path(root), Path(out)
+    evidence, page = Evidence(root), Page(out)
+    page.add("# Results", f"Generated by `make results` from the run records under `{root}/` on "
+             f"{datetime.date.today().isoformat()}{_commit()}: every number and figure below is read from those "
+             "records (`deepnorm_exp/analysis/results.py`). 2 CPU cores; the studies are small versions of the "
+             "paper's (d_model 64 on a synthetic language with a known optimal loss, 300 steps), so each claim "
+             "below is judged at this scale, by the rule beside it.")
+    page.add("## The paper's claims", claims_table(root))
+    page.add("## Presets: commands and times", "Elapsed: the sweeps' wall time on this machine (two runs at a "
+             "time); run time: the runs' own wall time added up.", times_table(evidence, root))
+    sections = _sections(evidence)
+    for study in STUDIES:
+        page.add(f"## {study.title}", f"{study.about} `{study.command}`")
+        if evidence.runs(study.name).empty:
+            page.add("Not run yet.")
+            continue
+        sections[study.name](page)
+    path = out / "results.md"
+    path.write_text("\n".join(page.lines).rstrip() + "\n", encoding="utf-8")
+    return path
+
+
+def _commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f" (code at commit {sha})" if sha else ""
+
+
+# -- the README's generated blocks -------------------------------------------------------------------
+def readme_blocks(root: Path) -> dict[str, str]:
+    """NAME -> the block's new text, for the studies that have runs."""
+    evidence, blocks = Evidence(root), {}
+    if not evidence.runs("quickstart").empty:
+        summaries, damaged = load_summaries(root / "quickstart")
+        time = preset_time(root / "quickstart", evidence.runs("quickstart")).describe()
+        blocks["quickstart"] = f"```\n{format_table(summaries, damaged)}\n```\n\nMeasured: {time}."
+    verdicts = judge(root)
+    if any(v.outcome != "not run yet" for _, v in verdicts):
+        counts = pd.Series([v.outcome for _, v in verdicts]).value_counts()
+        blocks["claims"] = (f"Of the paper's {len(verdicts)} claims checked in [docs/results.md](docs/results.md): "
+                            + ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) + ".")
+    return blocks
+
+
+def update_readme(path: Path, blocks: dict[str, str]) -> list[str]:
+    """Replace each `<!-- results:NAME -->...<!-- /results:NAME -->` block that `blocks` has; the names done."""
+    text, done = path.read_text(encoding="utf-8"), []
+    for name, body in blocks.items():
+        pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.S)
+        text, n = pattern.subn(lambda m: m.group(1) + body + m.group(2), text)
+        if n:
+            done.append(name)
+    path.write_text(text, encoding="utf-8")
+    return done
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("root", nargs="?", default="runs", help="the directory above the experiments (runs/)")
+    parser.add_argument("--out", default="docs", help="where results.md and results/ go (default docs/)")
+    parser.add_argument("--readme", help="a README whose generated blocks to rewrite from the same records")
+    args = parser.parse_args(argv)
+    print(f"results: {build_results(args.root, args.out).resolve()}")
+    if args.readme:
+        done = update_readme(Path(args.readme), readme_blocks(Path(args.root)))
+        print(f"{args.readme}: rewrote {', '.join(done) or 'no block (no study it shows has runs)'}")
+
+
+if __name__ == "__main__":
+    main()

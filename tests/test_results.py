@@ -1,0 +1,181 @@
+"""The results page's judgements and times, each against data built here with a known answer (the page itself,
+end to end through `make results`, is tested in test_analysis.py on a real tiny sweep)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from deepnorm_exp.analysis import claims
+from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, Evidence
+from deepnorm_exp.analysis.results import markdown_table, update_readme
+from deepnorm_exp.analysis.timing import duration, preset_time
+
+
+def evidence(**frames) -> Evidence:
+    """Evidence whose studies hold the given frames: runs_<study>=, scalars_<study>=, layers_<study>=, ..."""
+    e = Evidence("/nonexistent")
+    for key, frame in frames.items():
+        kind, study = key.split("_", 1)
+        e._cache[kind, study] = frame
+    return e
+
+
+def run(norm, depth, seed=0, status="completed", trained=True, eval_loss=3.0, **extra):
+    return dict(norm=norm, depth=depth, seed=seed, status=status, trained=trained, eval_loss=eval_loss,
+                run_name=f"{norm}-L{depth}-s{seed}", steps=300, **extra)
+
+
+def sweep(post_trained_at_100: int) -> pd.DataFrame:
+    rows = [run(n, d, s, eval_loss={"post": 3.0, "pre": 3.2, "deepnorm": 3.1}[n] + 0.01 * s)
+            for n in ("post", "pre", "deepnorm") for d in (6, 100) for s in range(3)]
+    for row in rows:
+        if row["norm"] == "post" and row["depth"] == 100 and row["seed"] >= post_trained_at_100:
+            row.update(trained=False, eval_loss=4.5)
+    return pd.DataFrame(rows)
+
+
+def test_post_ln_instability_with_depth_is_judged_on_trained_shares():
+    check = claims.post_unstable_with_depth("paper_depth_sweep")
+    met, numbers = check(evidence(runs_paper_depth_sweep=sweep(post_trained_at_100=1)))
+    assert met and numbers == "Post-LN trained: L6 3/3, L100 1/3"
+    met, numbers = check(evidence(runs_paper_depth_sweep=sweep(post_trained_at_100=2)))
+    assert not met and numbers.endswith("L100 2/3")  # 2 of 3 is more than half
+    assert check(evidence(runs_paper_depth_sweep=sweep(3)[lambda f: f.depth == 6]))[0] is None  # one depth
+
+
+def test_deepnorm_everywhere_and_loss_comparisons():
+    runs = sweep(post_trained_at_100=0)
+    e = evidence(runs_paper_depth_sweep=runs)
+    assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(e) == (True, "DeepNorm trained: L6 3/3, L100 3/3")
+    met, numbers = claims.lower_loss_than("deepnorm", "pre", "paper_depth_sweep")(e)
+    assert met and numbers == "mean eval loss deepnorm vs pre: L6 3.110 vs 3.210; L100 3.110 vs 3.210"
+    # Post-LN is compared only where every seed trained (not at 100), and there it beats Pre-LN
+    met, numbers = claims.lower_loss_than("post", "pre", "paper_depth_sweep", only_where_all_trained=True)(e)
+    assert met and "L100" not in numbers
+    diverged = runs.copy()
+    diverged.loc[(diverged.norm == "deepnorm") & (diverged.depth == 100) & (diverged.seed == 0), "status"] = "diverged"
+    assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(evidence(runs_paper_depth_sweep=diverged))[0] is False
+
+
+def scalars(post_early=50.0, deep_early=1.0, post_late_step=0.1):
+    rows = []
+    for norm in ("post", "pre", "deepnorm"):
+        for depth in (6, 1000):
+            for step in range(1, 101):
+                early = {"post": post_early, "pre": 5.0, "deepnorm": deep_early}[norm] * (depth / 1000 if depth == 6 else 1)
+                update = early if step <= 10 else early * 1.01
+                per_step = (early if step <= 10 else post_late_step) if norm == "post" else 1.0
+                rows.append(dict(norm=norm, depth=depth, run_name=f"{norm}-{depth}", step=step,
+                                 model_update=update, model_update_step=per_step))
+    return pd.DataFrame(rows)
+
+
+def test_model_update_claims_read_the_right_windows():
+    e = evidence(scalars_model_update=scalars(), runs_model_update=pd.DataFrame([run("post", 6)]))
+    met, numbers = claims.post_update_explodes(e)
+    assert met and "(Post-LN / DeepNorm at L1000: 50)" in numbers
+    assert claims.post_update_explodes(evidence(scalars_model_update=scalars(post_early=9.0)))[0] is False
+    met, numbers = claims.post_update_then_stops(e)  # 0.1 late over 50 early
+    assert met and "post 0.002" in numbers
+    assert claims.post_update_then_stops(evidence(scalars_model_update=scalars(post_late_step=6.0)))[0] is False
+    met, numbers = claims.deepnorm_update_bounded(e)  # 1.01 at L1000 over 0.00606 at L6
+    assert not met and "L1000 / L6: 167" in numbers
+
+
+def layers(post_bottom=0.01, pre_bottom=2.0, post_ln=3.0, deep_ln=1.2):
+    rows = []
+    for norm, bottom, ln in (("post", post_bottom, post_ln), ("pre", pre_bottom, 1.0), ("deepnorm", 1.0, deep_ln)):
+        for position in range(20):
+            rows.append(dict(norm=norm, depth=10, run_name=f"{norm}-L10-s0", step=100, position=position,
+                             grad_norm=bottom if position < 2 else 1.0, ln_input_norm=ln * 8.0 * (2.0 if norm == "deepnorm" else 1)))
+    return pd.DataFrame(rows)
+
+
+def test_gradient_and_ln_input_claims():
+    runs = pd.DataFrame([run(n, 10, **{"model.d_model": 64, "alpha.decoder": 2.0 if n == "deepnorm" else np.nan})
+                         for n in ("post", "pre", "deepnorm")])
+    e = evidence(layers_model_update=layers(), runs_model_update=runs)
+    met, numbers = claims.gradient_profile("post", below=0.1)(e)
+    assert met and "post 0.01" in numbers and "pre 2" in numbers
+    assert claims.gradient_profile("pre", above=1.0)(e)[0] is True
+    assert claims.gradient_profile("pre", above=1.0)(evidence(layers_model_update=layers(pre_bottom=0.5)))[0] is False
+    met, numbers = claims.post_ln_inputs_grow(e)  # 3 sqrt(d) for Post-LN; 1.2 alpha sqrt(d) for DeepNorm
+    assert met and "deepnorm 1.2" in numbers and "post 3" in numbers
+    e = evidence(layers_model_update=layers(deep_ln=2.0), runs_model_update=runs)
+    assert claims.post_ln_inputs_grow(e)[0] is False
+
+
+def frontier(post_slope: float) -> pd.DataFrame:
+    cells = []
+    for norm, slope in (("post", post_slope), ("deepnorm", 0.0)):
+        for depth in (6, 12, 24, 50, 100):
+            for seed in (0, 1):
+                lr = 0.05 * (depth / 6) ** slope
+                cells.append(dict(norm=norm, depth=str(depth), seed=seed, max_stable_lr=lr / 1.2,
+                                  min_unstable_lr=lr * 1.2, runs=5))
+    return pd.DataFrame(cells)
+
+
+def test_frontier_claim_needs_a_falling_post_ln_and_a_flatter_deepnorm():
+    met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(-1.0)))
+    assert met and numbers.startswith("slope of log max-trainable lr on log depth: deepnorm 0.00")
+    assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(0.0)))[0] is False
+    censored = frontier(-1.0)
+    censored.loc[censored.norm == "post", "max_stable_lr"] = None  # unstable at lr_min everywhere
+    met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=censored))
+    assert met is None and "post censored at [6, 12, 24, 50, 100]" in numbers
+
+
+def test_divergence_timing_and_verdicts():
+    runs = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=at) for s, at in enumerate((20, 40, 90, 250))])
+    e = evidence(runs_paper_depth_sweep=runs, runs_paper_depth_sweep_encdec=pd.DataFrame(),
+                 runs_frontier_depth=pd.DataFrame())
+    assert claims.divergence_is_early(e) == (True, "4 diverged runs; 3 in the first third of their steps; "
+                                                   "median at 22% of the budget")
+    by_study = {c.study: c for c in claims.CLAIMS}
+    assert by_study["paper_depth_sweep_encdec"].judge(e).outcome == NOT_RUN
+    assert by_study["paper_1000l"].judge(evidence(runs_paper_1000l=pd.DataFrame())).outcome == NOT_TESTABLE
+    first = claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(1)))
+    assert (first.outcome, first.numbers) == (REPRODUCED, "Post-LN trained: L6 3/3, L100 1/3")
+    assert claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(3))).outcome == NOT_REPRODUCED
+
+
+def test_preset_time_counts_each_invocation_to_its_end_or_its_last_finished_run(tmp_path):
+    (tmp_path / "sweeps.jsonl").write_text("\n".join(json.dumps(line) for line in [
+        {"at": "2026-11-30T10:00:00+00:00", "event": "start", "overrides": ["experiment=x", "logger=none"]},  # killed
+
+        {"at": "2026-11-30T12:00:00+00:00", "event": "start"},
+        {"at": "2026-11-30T12:30:00+00:00", "event": "end"},
+        {"at": "2026-11-30T13:00:00+00:00", "event": "start"},  # killed before any run finished
+    ]) + "\n")
+    runs = pd.DataFrame({"wall_s": [600.0, 900.0, 1200.0],
+                         "finished_at": ["2026-11-30T10:10:00+00:00", "2026-11-30T10:20:00+00:00",
+                                         "2026-11-30T12:29:00+00:00"]})
+    time = preset_time(tmp_path, runs)
+    assert (time.elapsed_s, time.worker_s, time.invocations, time.killed) == (20 * 60 + 30 * 60, 2700.0, 3, 2)
+    assert time.describe() == ("50 min 00 s elapsed over 3 invocations (2 stopped and resumed); 3 runs, 45 min 00 s "
+                               "of run time (with `logger=none`)")  # the first ends with its last run, at 10:20
+    assert preset_time(tmp_path / "none", runs).elapsed_s is None
+    assert (duration(42.4), duration(343), duration(7380)) == ("42 s", "5 min 43 s", "2 h 03 min")
+
+
+def test_readme_blocks_are_replaced_by_name_and_others_left_alone(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- results:x -->\nold\n<!-- /results:x -->\nb\n<!-- results:y -->\nkeep\n<!-- /results:y -->\n")
+    assert update_readme(readme, {"x": "new\nlines", "z": "nowhere"}) == ["x"]
+    assert readme.read_text() == ("a\n<!-- results:x -->\nnew\nlines\n<!-- /results:x -->\nb\n<!-- results:y -->\nkeep\n"
+                                  "<!-- /results:y -->\n")
+
+
+def test_markdown_table_escapes_pipes_and_formats_floats():
+    table = markdown_table(pd.DataFrame({"a": ["x|y"], "b": [0.123456], "c": [None]}), index=False)
+    assert table.splitlines() == ["| a | b | c |", "|---|---|---|", "| x\\|y | 0.1235 |  |"]
+
+
+@pytest.mark.parametrize("claim", claims.CLAIMS, ids=lambda c: c.paper[:40])
+def test_every_claim_states_its_study_and_rule(claim):
+    from pathlib import Path
+
+    assert claim.rule and (Path(__file__).parents[1] / "conf" / "experiment" / f"{claim.study}.yaml").is_file()
