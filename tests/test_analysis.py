@@ -246,7 +246,7 @@ def test_make_results_writes_the_page_and_the_readme_blocks_from_a_tiny_sweep(sw
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:quickstart -->\nold table\n<!-- /results:quickstart -->\nmiddle\n"
                       "<!-- results:claims -->\nold tally\n<!-- /results:claims -->\n<!-- results:zoo -->\nkept\n"
-                      "<!-- /results:zoo -->\n")
+                      "<!-- /results:zoo -->\n<!-- results:presets -->\nold times\n<!-- /results:presets -->\n")
     proc = subprocess.run(["make", "-s", "results", f"PY={sys.executable}", "STAMP=", f"RUNS={root}",
                            f"DOCS={tmp_path / 'docs'}", f"README={readme}"], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
@@ -273,8 +273,11 @@ def test_make_results_writes_the_page_and_the_readme_blocks_from_a_tiny_sweep(sw
     all_trained = all(s["status"] == "completed" and s["trained"] for s in summaries if s["norm"] == "deepnorm")
     assert verdict["DeepNorm trains at every depth."] == ("reproduced at this scale" if all_trained else "not reproduced")
     assert dict((s, o) for _, s, o in claims)["paper_1000l"] == "not testable here"
-    assert "elapsed" in sections["Presets: commands and times"]  # the tiny sweep's own sweeps.jsonl
+    # the tiny sweep's own sweeps.jsonl: its one invocation, timed, with its launcher
+    assert re.search(r"\| `quickstart` \| `[^`]+` \| \d+ (s|min \d\d s) elapsed; 13 runs, \d+ (s|min \d\d s) of run "
+                     r"time; BasicLauncher \(with ", sections["Presets: commands and times"])
     text = readme.read_text()
-    assert "old table" not in text and "kept" in text and "old tally" not in text
+    assert "old table" not in text and "kept" in text and "old tally" not in text and "old times" not in text
+    assert "| `paper_depth_sweep_encdec` | `python -m deepnorm_exp -m experiment=paper_depth_sweep_encdec` | not run yet |" in text
     assert all(s["run_name"] in text for s in summaries)
     assert re.search(r"Of the paper's 15 claims checked in \[docs/results.md\]", text)

@@ -39,10 +39,20 @@ def sweep(post_trained_at_100: int) -> pd.DataFrame:
 def test_post_ln_instability_with_depth_is_judged_on_trained_shares():
     check = claims.post_unstable_with_depth("paper_depth_sweep")
     met, numbers = check(evidence(runs_paper_depth_sweep=sweep(post_trained_at_100=1)))
-    assert met and numbers == "Post-LN trained: L6 3/3, L100 1/3"
+    assert met and numbers == "Post-LN trained: L6 3/3, L100 1/3; at L100 pre 3/3, deepnorm 3/3"
     met, numbers = check(evidence(runs_paper_depth_sweep=sweep(post_trained_at_100=2)))
-    assert not met and numbers.endswith("L100 2/3")  # 2 of 3 is more than half
+    assert not met and "L100 2/3" in numbers  # 2 of 3 is more than half
     assert check(evidence(runs_paper_depth_sweep=sweep(3)[lambda f: f.depth == 6]))[0] is None  # one depth
+    # Nothing trains at L100 in this budget: the budget decides, not the scheme
+    stuck = sweep(post_trained_at_100=0)
+    stuck.loc[stuck.depth == 100, "trained"] = False
+    met, numbers = check(evidence(runs_paper_depth_sweep=stuck))
+    assert met is None and numbers.endswith("neither Pre-LN nor DeepNorm trains every run at L100 in this budget")
+    # Runs that crashed say nothing about stability: left out, and said
+    crashed = pd.concat([sweep(post_trained_at_100=3), pd.DataFrame([run("post", 100, s, status="failed",
+                                                                         trained=None) for s in (3, 4, 5)])])
+    met, numbers = check(evidence(runs_paper_depth_sweep=crashed))
+    assert not met and "L100 3/3" in numbers and numbers.endswith("(3 failed or unfinished runs left out)")
 
 
 def test_deepnorm_everywhere_and_loss_comparisons():
@@ -50,10 +60,15 @@ def test_deepnorm_everywhere_and_loss_comparisons():
     e = evidence(runs_paper_depth_sweep=runs)
     assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(e) == (True, "DeepNorm trained: L6 3/3, L100 3/3")
     met, numbers = claims.lower_loss_than("deepnorm", "pre", "paper_depth_sweep")(e)
-    assert met and numbers == "mean eval loss deepnorm vs pre: L6 3.110 vs 3.210; L100 3.110 vs 3.210"
-    # Post-LN is compared only where every seed trained (not at 100), and there it beats Pre-LN
-    met, numbers = claims.lower_loss_than("post", "pre", "paper_depth_sweep", only_where_all_trained=True)(e)
+    assert met and numbers == ("mean eval loss deepnorm vs pre: L6 3.110 vs 3.210 (spread 0.010); "
+                               "L100 3.110 vs 3.210 (spread 0.010)")
+    # Post-LN is compared only where every run of both trained (not at 100), and there it beats Pre-LN
+    met, numbers = claims.lower_loss_than("post", "pre", "paper_depth_sweep")(e)
     assert met and "L100" not in numbers
+    # A gap inside the seeds' spread decides nothing in its favour
+    close = runs.copy()
+    close.loc[close.norm == "deepnorm", "eval_loss"] = 3.205 + 0.05 * close.loc[close.norm == "deepnorm", "seed"]
+    assert claims.lower_loss_than("deepnorm", "pre", "paper_depth_sweep")(evidence(runs_paper_depth_sweep=close))[0] is False
     diverged = runs.copy()
     diverged.loc[(diverged.norm == "deepnorm") & (diverged.depth == 100) & (diverged.seed == 0), "status"] = "diverged"
     assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(evidence(runs_paper_depth_sweep=diverged))[0] is False
@@ -77,11 +92,26 @@ def test_model_update_claims_read_the_right_windows():
     met, numbers = claims.post_update_explodes(e)
     assert met and "(Post-LN / DeepNorm at L1000: 50)" in numbers
     assert claims.post_update_explodes(evidence(scalars_model_update=scalars(post_early=9.0)))[0] is False
-    met, numbers = claims.post_update_then_stops(e)  # 0.1 late over 50 early
-    assert met and "post 0.002" in numbers
+    met, numbers = claims.post_update_then_stops(e)  # 0.1 late over 50 early; DeepNorm's ratio 1
+    assert met and "post 0.002" in numbers and "deepnorm 1" in numbers
     assert claims.post_update_then_stops(evidence(scalars_model_update=scalars(post_late_step=6.0)))[0] is False
     met, numbers = claims.deepnorm_update_bounded(e)  # 1.01 at L1000 over 0.00606 at L6
     assert not met and "L1000 / L6: 167" in numbers
+
+
+def test_model_update_claims_cannot_decide_on_missing_or_broken_records():
+    data = scalars()
+    no_late_pre = data[~((data.norm == "pre") & (data.step > 50))]  # a run that diverged early: no crash
+    assert claims.post_update_then_stops(evidence(scalars_model_update=no_late_pre))[0] is True
+    no_late_post = data[~((data.norm == "post") & (data.step > 50))]
+    assert claims.post_update_then_stops(evidence(scalars_model_update=no_late_post))[0] is None
+    no_deep_deepnorm = data[~((data.norm == "deepnorm") & (data.depth == 1000))]
+    assert claims.post_update_explodes(evidence(scalars_model_update=no_deep_deepnorm))[0] is None
+    assert claims.deepnorm_update_bounded(evidence(scalars_model_update=no_deep_deepnorm))[0] is None  # one depth
+    infinite = data.copy()
+    infinite.loc[infinite.norm == "deepnorm", "model_update"] = np.inf
+    assert claims.post_update_explodes(evidence(scalars_model_update=infinite))[0] is None
+    assert claims.deepnorm_update_bounded(evidence(scalars_model_update=infinite))[0] is None
 
 
 def layers(post_bottom=0.01, pre_bottom=2.0, post_ln=3.0, deep_ln=1.2):
@@ -118,47 +148,68 @@ def frontier(post_slope: float) -> pd.DataFrame:
     return pd.DataFrame(cells)
 
 
-def test_frontier_claim_needs_a_falling_post_ln_and_a_flatter_deepnorm():
+def test_frontier_claim_reads_the_brackets_censored_cells_included():
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(-1.0)))
-    assert met and numbers.startswith("slope of log max-trainable lr on log depth: deepnorm 0.00")
+    # Post-LN: 0.05/1.2 at L6 over 0.003*1.2 at L100; DeepNorm: 0.05*1.2 over 0.05/1.2
+    assert met and numbers.startswith("Post-LN's frontier fell by at least 11.6x from L6 to L100; DeepNorm's by "
+                                      "at most 1.44x from L6 to L100; fitted slopes of log lr on log depth: deepnorm 0.00")
     assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(0.0)))[0] is False
-    censored = frontier(-1.0)
-    censored.loc[censored.norm == "post", "max_stable_lr"] = None  # unstable at lr_min everywhere
+    # Post-LN unstable even at lr_min (1e-3) at L50 and L100: the strongest evidence, which the fit leaves out
+    censored = frontier(-0.2)
+    deep_post = (censored.norm == "post") & censored.depth.isin(["50", "100"])
+    censored.loc[deep_post, ["max_stable_lr", "min_unstable_lr"]] = [None, 1e-3]
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=censored))
-    assert met is None and "post censored at [6, 12, 24, 50, 100]" in numbers
+    assert met and "fell by at least 41.7x" in numbers and "(censored at [50, 100])" in numbers
+    # DeepNorm stable at lr_max at its shallowest depth: how far it fell has no bound
+    open_top = frontier(-1.0)
+    open_top.loc[(open_top.norm == "deepnorm") & (open_top.depth == "6"), "min_unstable_lr"] = None
+    assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=open_top))[0] is None
 
 
 def test_divergence_timing_and_verdicts():
     runs = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=at) for s, at in enumerate((20, 40, 90, 250))])
+    probes = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=290) for s in range(9)])
     e = evidence(runs_paper_depth_sweep=runs, runs_paper_depth_sweep_encdec=pd.DataFrame(),
-                 runs_frontier_depth=pd.DataFrame())
+                 runs_frontier_depth=probes)  # the frontier's probes diverge by design: not counted
     assert claims.divergence_is_early(e) == (True, "4 diverged runs; 3 in the first third of their steps; "
                                                    "median at 22% of the budget")
     by_study = {c.study: c for c in claims.CLAIMS}
     assert by_study["paper_depth_sweep_encdec"].judge(e).outcome == NOT_RUN
     assert by_study["paper_1000l"].judge(evidence(runs_paper_1000l=pd.DataFrame())).outcome == NOT_TESTABLE
     first = claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(1)))
-    assert (first.outcome, first.numbers) == (REPRODUCED, "Post-LN trained: L6 3/3, L100 1/3")
+    assert (first.outcome, first.numbers) == (REPRODUCED, "Post-LN trained: L6 3/3, L100 1/3; at L100 pre 3/3, deepnorm 3/3")
     assert claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(3))).outcome == NOT_REPRODUCED
 
 
 def test_preset_time_counts_each_invocation_to_its_end_or_its_last_finished_run(tmp_path):
     (tmp_path / "sweeps.jsonl").write_text("\n".join(json.dumps(line) for line in [
-        {"at": "2026-11-30T10:00:00+00:00", "event": "start", "overrides": ["experiment=x", "logger=none"]},  # killed
-
-        {"at": "2026-11-30T12:00:00+00:00", "event": "start"},
-        {"at": "2026-11-30T12:30:00+00:00", "event": "end"},
-        {"at": "2026-11-30T13:00:00+00:00", "event": "start"},  # killed before any run finished
+        {"at": "2026-11-30T10:00:00+00:00", "event": "start", "id": "a", "overrides": ["experiment=x", "logger=none"],
+         "launcher": "JoblibLauncher", "workers": 2},  # killed: counted to its last run, at 10:20
+        {"at": "2026-11-30T12:00:00", "event": "start", "id": "b"},  # UTC, as the records write
+        {"at": "2026-11-30T12:30:00+00:00", "event": "end", "id": "b"},
+        {"at": "2026-11-30T13:00:00+00:00", "event": "start", "id": "c"},  # killed before any run finished
     ]) + "\n")
     runs = pd.DataFrame({"wall_s": [600.0, 900.0, 1200.0],
                          "finished_at": ["2026-11-30T10:10:00+00:00", "2026-11-30T10:20:00+00:00",
                                          "2026-11-30T12:29:00+00:00"]})
     time = preset_time(tmp_path, runs)
-    assert (time.elapsed_s, time.worker_s, time.invocations, time.killed) == (20 * 60 + 30 * 60, 2700.0, 3, 2)
-    assert time.describe() == ("50 min 00 s elapsed over 3 invocations (2 stopped and resumed); 3 runs, 45 min 00 s "
-                               "of run time (with `logger=none`)")  # the first ends with its last run, at 10:20
+    assert (time.elapsed_s, time.worker_s, time.invocations, time.open) == (20 * 60 + 30 * 60, 2700.0, 3, 2)
+    assert time.describe() == ("50 min 00 s elapsed over 3 invocations (2 stopped or still running: counted to their "
+                               "last finished run); 3 runs, 45 min 00 s of run time; JoblibLauncher x 2 "
+                               "(with `logger=none`)")
     assert preset_time(tmp_path / "none", runs).elapsed_s is None
     assert (duration(42.4), duration(343), duration(7380)) == ("42 s", "5 min 43 s", "2 h 03 min")
+
+
+def test_two_sweeps_at_once_are_paired_by_id_and_counted_once(tmp_path):
+    (tmp_path / "sweeps.jsonl").write_text("\n".join(json.dumps(line) for line in [
+        {"at": "2026-11-30T10:00:00+00:00", "event": "start", "id": "a"},
+        {"at": "2026-11-30T10:05:00+00:00", "event": "start", "id": "b"},
+        {"at": "2026-11-30T11:00:00+00:00", "event": "end", "id": "b"},
+        {"at": "2026-11-30T11:05:00+00:00", "event": "end", "id": "a"},
+    ]) + "\n")
+    time = preset_time(tmp_path, pd.DataFrame({"wall_s": [1.0]}))
+    assert (time.elapsed_s, time.invocations, time.open) == (65 * 60, 2, 0)
 
 
 def test_readme_blocks_are_replaced_by_name_and_others_left_alone(tmp_path):

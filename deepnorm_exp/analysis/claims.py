@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from .frontier_law import fit_frontier_law
+from .frontier_law import fit_frontier_law, frontier_cells
 from .runs import at_one_lr, load_frontier, load_layer_records, load_runs, load_scalars
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_RUN = (
@@ -80,8 +80,19 @@ def trained(runs: pd.DataFrame) -> pd.Series:
     return runs["status"].eq("completed") & runs["trained"].eq(True)
 
 
+def outcomes(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that say something about stability: completed or diverged. A run that failed (a crash, a
+    kill) or is unfinished says nothing; the checks leave it out and `_excluded` names how many."""
+    return runs[runs["status"].isin(["completed", "diverged"])]
+
+
+def _excluded(runs: pd.DataFrame) -> str:
+    n = int((~runs["status"].isin(["completed", "diverged"])).sum())
+    return f" ({n} failed or unfinished runs left out)" if n else ""
+
+
 def trained_by_depth(runs: pd.DataFrame, norm: str) -> dict[int, tuple[int, int]]:
-    of = runs[runs["norm"] == norm]
+    of = outcomes(runs)[lambda f: f["norm"] == norm]
     return {int(d): (int(trained(g).sum()), len(g)) for d, g in of.groupby("depth")}
 
 
@@ -89,10 +100,8 @@ def _shares(counts: dict[int, tuple[int, int]]) -> str:
     return ", ".join(f"L{d} {k}/{n}" for d, (k, n) in counts.items())
 
 
-def mean_eval(runs: pd.DataFrame, norm: str, depth: int) -> float:
-    """Mean eval loss of the runs of (norm, depth) that trained; NaN if none did."""
-    rows = runs[(runs["norm"] == norm) & (runs["depth"] == depth)]
-    return float(rows.loc[trained(rows), "eval_loss"].mean())
+def _finite(*values) -> bool:
+    return all(v is not None and np.isfinite(v) for v in values)
 
 
 def _ratio_bottom_top(layers: pd.DataFrame, norm: str, depth: int, metric: str = "grad_norm") -> float:
@@ -108,39 +117,48 @@ def _ratio_bottom_top(layers: pd.DataFrame, norm: str, depth: int, metric: str =
 
 # -- the checks ----------------------------------------------------------------------------------------
 def post_unstable_with_depth(study: str):
+    """Post-LN failing at depth means something only where the budget lets another scheme train there."""
     def check(e: Evidence):
-        counts = trained_by_depth(e.runs(study), "post")
+        runs = e.at_one_lr(study)
+        counts = trained_by_depth(runs, "post")
         if len(counts) < 2:
             return None, f"Post-LN ran at {len(counts)} depth(s)"
-        (k0, n0), (k1, n1) = counts[min(counts)], counts[max(counts)]
-        return bool(k1 / n1 <= 0.5 and k1 / n1 < k0 / n0), f"Post-LN trained: {_shares(counts)}"
+        deepest = max(counts)
+        (k0, n0), (k1, n1) = counts[min(counts)], counts[deepest]
+        others = {norm: trained_by_depth(runs, norm).get(deepest, (0, 0)) for norm in ("pre", "deepnorm")}
+        text = f"Post-LN trained: {_shares(counts)}; at L{deepest} " + ", ".join(
+            f"{norm} {k}/{n}" for norm, (k, n) in others.items()) + _excluded(runs)
+        if not any(n and k == n for k, n in others.values()):
+            return None, text + f": neither Pre-LN nor DeepNorm trains every run at L{deepest} in this budget"
+        return bool(k1 / n1 <= 0.5 and k1 / n1 < k0 / n0), text
     return check
 
 
 def deepnorm_trains_everywhere(study: str):
     def check(e: Evidence):
-        counts = trained_by_depth(e.runs(study), "deepnorm")
+        runs = e.at_one_lr(study)
+        counts = trained_by_depth(runs, "deepnorm")
         if not counts:
             return None, "no DeepNorm run"
-        return all(k == n for k, n in counts.values()), f"DeepNorm trained: {_shares(counts)}"
+        return all(k == n for k, n in counts.values()), f"DeepNorm trained: {_shares(counts)}{_excluded(runs)}"
     return check
 
 
-def lower_loss_than(norm: str, other: str, study: str, only_where_all_trained: bool = False):
+def lower_loss_than(norm: str, other: str, study: str):
+    """At each depth where every run of both schemes trained: the mean eval losses, and whether `norm`'s is
+    lower by more than the seeds' spread (the larger standard deviation of the two; 0 with one seed)."""
     def check(e: Evidence):
-        runs = e.runs(study)
+        runs = outcomes(e.at_one_lr(study))
         compared = []
-        for depth in sorted(runs["depth"].unique()):
-            counts = trained_by_depth(runs[runs["depth"] == depth], norm).get(int(depth), (0, 0))
-            if only_where_all_trained and counts[0] < counts[1]:
-                continue
-            a, b = mean_eval(runs, norm, depth), mean_eval(runs, other, depth)
-            if np.isfinite(a) and np.isfinite(b):
-                compared.append((int(depth), a, b))
+        for depth, at in runs.groupby("depth"):
+            a, b = (at[at["norm"] == n] for n in (norm, other))
+            if len(a) and len(b) and trained(a).all() and trained(b).all():
+                spread = max(a["eval_loss"].std(ddof=1), b["eval_loss"].std(ddof=1)) if min(len(a), len(b)) > 1 else 0.0
+                compared.append((int(depth), a["eval_loss"].mean(), b["eval_loss"].mean(), spread))
         if not compared:
-            return None, f"no depth where both {norm} and {other} trained"
-        text = "; ".join(f"L{d} {a:.3f} vs {b:.3f}" for d, a, b in compared)
-        return all(a < b for _, a, b in compared), f"mean eval loss {norm} vs {other}: {text}"
+            return None, f"no depth where every run of both {norm} and {other} trained"
+        text = "; ".join(f"L{d} {x:.3f} vs {y:.3f} (spread {sd:.3f})" for d, x, y, sd in compared)
+        return all(y - x > sd for _, x, y, sd in compared), f"mean eval loss {norm} vs {other}: {text}"
     return check
 
 
@@ -154,32 +172,50 @@ def _model_update(e: Evidence, study: str, metric: str, steps: tuple[int, int]) 
     return per_run.groupby(["norm", "depth"]).mean().unstack("depth")
 
 
+def _value(frame: pd.DataFrame, norm: str, depth: int) -> float:
+    try:
+        return float(frame.loc[norm, depth])
+    except KeyError:
+        return float("nan")
+
+
+def _rows(frame: pd.DataFrame) -> str:
+    return "; ".join(f"{n}: " + ", ".join(f"L{d} {v:.3g}" for d, v in frame.loc[n].dropna().items()) for n in frame.index)
+
+
 def post_update_explodes(e: Evidence):
     early = _model_update(e, "model_update", "model_update", (1, 10))
-    if early.empty or not {"post", "deepnorm"} <= set(early.index):
-        return None, "no model_update records of Post-LN and DeepNorm"
-    deepest = max(early.columns)
-    ratio = early.loc["post", deepest] / early.loc["deepnorm", deepest]
-    rows = "; ".join(f"{n}: " + ", ".join(f"L{d} {v:.3g}" for d, v in early.loc[n].items()) for n in early.index)
-    return bool(ratio > 10), f"largest model update in steps 1-10: {rows} (Post-LN / DeepNorm at L{deepest}: {ratio:.3g})"
+    if early.empty:
+        return None, "no model_update records"
+    shallow, deepest = min(early.columns), max(early.columns)
+    post, post_shallow, deep = (_value(early, "post", deepest), _value(early, "post", shallow),
+                                _value(early, "deepnorm", deepest))
+    if shallow == deepest or not _finite(post, post_shallow, deep) or deep <= 0:
+        return None, f"Post-LN and DeepNorm need finite early model updates at two depths: {_rows(early)}"
+    return bool(post > 10 * deep and post > post_shallow), (
+        f"largest model update in steps 1-10: {_rows(early)} (Post-LN / DeepNorm at L{deepest}: {post / deep:.3g})")
 
 
 def post_update_then_stops(e: Evidence):
+    """Against DeepNorm's own ratio: a warm-up raises every scheme's later steps, a decay lowers them."""
     early = _model_update(e, "model_update", "model_update_step", (1, 10))
     late = _model_update(e, "model_update", "model_update_step", (51, 100))
-    if early.empty or late.empty or "post" not in early.index:
-        return None, "no model_update_step records of Post-LN after step 50"
+    if early.empty or late.empty:
+        return None, "no model_update_step records after step 50"
     deepest = max(early.columns)
-    ratios = {n: late.loc[n, deepest] / early.loc[n, deepest] for n in early.index}
-    text = ", ".join(f"{n} {r:.3g}" for n, r in ratios.items())
-    return bool(ratios["post"] < 0.1), (f"largest per-step change in steps 51-100 over that in steps 1-10, L{deepest}: {text}")
+    ratios = {n: _value(late, n, deepest) / _value(early, n, deepest) for n in ("post", "pre", "deepnorm")}
+    if not _finite(ratios["post"], ratios["deepnorm"]):
+        return None, f"Post-LN and DeepNorm need per-step changes in both windows at L{deepest}"
+    text = ", ".join(f"{n} {r:.3g}" for n, r in ratios.items() if np.isfinite(r))
+    return bool(ratios["post"] < 0.1 and ratios["post"] < ratios["deepnorm"] / 10), (
+        f"largest per-step change in steps 51-100 over that in steps 1-10, L{deepest}: {text}")
 
 
 def deepnorm_update_bounded(e: Evidence):
     whole = _model_update(e, "model_update", "model_update", (1, 10**9))
-    if whole.empty or "deepnorm" not in whole.index or whole.shape[1] < 2:
-        return None, "DeepNorm's model update at fewer than two depths"
-    row = whole.loc["deepnorm"].dropna()
+    row = whole.loc["deepnorm"].dropna() if "deepnorm" in whole.index else pd.Series(dtype=float)
+    if len(row) < 2 or not np.isfinite(row).all() or row.iloc[0] <= 0:
+        return None, "DeepNorm's model update at fewer than two depths (or not finite)"
     ratio = row.iloc[-1] / row.iloc[0]
     text = ", ".join(f"L{d} {v:.3g}" for d, v in row.items())
     return bool(ratio <= 3), f"DeepNorm's largest model update over the run: {text} (L{row.index[-1]} / L{row.index[0]}: {ratio:.3g})"
@@ -197,8 +233,8 @@ def post_ln_inputs_grow(e: Evidence):
                                              * alpha.reindex(rows["run_name"]).fillna(1.0).to_numpy())
     deepest = int(rows["depth"].max())
     level = rows[rows["depth"] == deepest].groupby("norm")["units"].mean()
-    if not {"post", "deepnorm"} <= set(level.index):
-        return None, "no LN inputs of Post-LN and DeepNorm"
+    if not {"post", "deepnorm"} <= set(level.index) or not _finite(level["post"], level["deepnorm"]):
+        return None, f"no finite LN inputs of Post-LN and DeepNorm at L{deepest}"
     text = ", ".join(f"{n} {v:.3g}" for n, v in level.items())
     return bool(level["post"] > 1.5 and level["deepnorm"] <= 1.5), (
         f"mean LN input at the last per-layer step, L{deepest}, in units of alpha sqrt(d) (alpha 1 but for "
@@ -215,36 +251,58 @@ def gradient_profile(norm: str, below: Optional[float] = None, above: Optional[f
         text = ", ".join(f"{n} {r:.3g}" for n, r in ratios.items())
         r = ratios.get(norm, float("nan"))
         if not np.isfinite(r):
-            return None, f"no {norm} gradients at L{deepest}"
+            return None, f"no finite {norm} gradients at L{deepest}"
         met = (below is None or r < below) and (above is None or r > above)
         return bool(met), f"bottom-10% over top-10% blocks' gradient norm at the last per-layer step, L{deepest}: {text}"
     return check
 
 
 def frontier_flatter_for_deepnorm(e: Evidence):
+    """On the brackets themselves, so that censored cells count: a Post-LN cell unstable even at lr_min bounds
+    its frontier from above by lr_min, the strongest evidence of a fall, which a fit has to leave out. Post-LN
+    fell by at least (its shallowest depth's smallest lower end) / (its deepest depth's largest upper end);
+    DeepNorm by at most (shallowest's largest upper end) / (deepest's smallest lower end)."""
     frontier = e.frontier("frontier_depth")
     if frontier.empty:
         return None, "the frontier sweep has not finished (no frontier.json)"
+    cells = frontier_cells(frontier)
+    cells = cells[~cells["error"]]
+
+    def fall(norm: str, at_least: bool) -> tuple[float, int, int]:
+        of = cells[cells["norm"] == norm]
+        if of["depth"].nunique() < 2:
+            return float("nan"), 0, 0
+        shallow, deep = of[of["depth"] == of["depth"].min()], of[of["depth"] == of["depth"].max()]
+        if at_least:
+            return shallow["lo"].fillna(0).min() / deep["hi"].fillna(np.inf).max(), of["depth"].min(), of["depth"].max()
+        return shallow["hi"].fillna(np.inf).max() / deep["lo"].fillna(0).min(), of["depth"].min(), of["depth"].max()
+
+    (post, p0, p1), (deepnorm, d0, d1) = fall("post", True), fall("deepnorm", False)
     law = fit_frontier_law(frontier).set_index("norm")
-    if not {"post", "deepnorm"} <= set(law.index) or not np.isfinite(law.loc[["post", "deepnorm"], "slope"]).all():
-        return None, "a slope could not be fitted (fewer than two depths with a bracketed frontier): " + ", ".join(
-            f"{n} censored at {list(r['censored_depths'])}" for n, r in law.iterrows())
-    post, deep = law.loc["post"], law.loc["deepnorm"]
-    text = "; ".join(f"{n} {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}] over depths "
-                     f"{list(r['depths'])}" + (f", censored at {list(r['censored_depths'])}" if r["censored"] else "")
-                     for n, r in law.iterrows())
-    return bool(post["slope_high"] < 0 and deep["slope_low"] > post["slope_high"]), f"slope of log max-trainable lr on log depth: {text}"
+    slopes = "; ".join(f"{n} {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]" +
+                       (f" (censored at {list(r['censored_depths'])})" if r["censored"] else "")
+                       for n, r in law.iterrows() if np.isfinite(r["slope"]))
+    text = (f"Post-LN's frontier fell by at least {post:.3g}x from L{p0} to L{p1}; DeepNorm's by at most "
+            f"{deepnorm:.3g}x from L{d0} to L{d1}" + (f"; fitted slopes of log lr on log depth: {slopes}" if slopes else ""))
+    if not np.isfinite(deepnorm) or not np.isfinite(post):
+        return None, text + " (a bracket open on the side that bounds the fall)"
+    return bool(post > 1 and post > deepnorm), text
 
 
 def divergence_is_early(e: Evidence):
-    runs = [e.runs(s) for s in ("paper_depth_sweep", "paper_depth_sweep_encdec", "frontier_depth")]
-    runs = pd.concat([r for r in runs if not r.empty], ignore_index=True) if any(not r.empty for r in runs) else None
-    if runs is None or not runs["status"].eq("diverged").any():
-        return None, "no run diverged"
+    """The depth sweeps at their own learning rate; not the frontier's probes, which diverge by design."""
+    runs = [e.at_one_lr(s) for s in ("paper_depth_sweep", "paper_depth_sweep_encdec")]
+    runs = [r for r in runs if not r.empty]
+    if not runs:
+        return None, "no depth sweep has run"
+    runs = pd.concat(runs, ignore_index=True)
     diverged = runs[runs["status"] == "diverged"]
+    if diverged.empty:
+        return None, f"no run of the depth sweeps diverged ({len(runs)} runs)"
     share = (diverged["diverged_at_step"] / diverged["steps"]).astype(float)
-    return bool((share <= 1 / 3).mean() >= 0.75), (f"{len(diverged)} diverged runs; {(share <= 1 / 3).sum()} in the first "
-                                             f"third of their steps; median at {share.median():.0%} of the budget")
+    return bool((share <= 1 / 3).mean() >= 0.75), (
+        f"{len(diverged)} diverged runs; {(share <= 1 / 3).sum()} in the first third of their steps; median at "
+        f"{share.median():.0%} of the budget")
 
 
 def thousand_layers(e: Evidence):
@@ -254,25 +312,28 @@ def thousand_layers(e: Evidence):
 
 CLAIMS = [
     Claim("Post-LN training becomes unstable as depth grows.", "paper_depth_sweep",
-          "Post-LN trains in at most half of its runs at the deepest depth, and in a larger share at the shallowest",
+          "Post-LN trains in at most half of its runs at the deepest depth and in a larger share at the shallowest, "
+          "where Pre-LN or DeepNorm trains every run at that depth (else the budget, not the scheme, decides)",
           post_unstable_with_depth("paper_depth_sweep")),
     Claim("DeepNorm trains at every depth.", "paper_depth_sweep", "every DeepNorm run trains",
           deepnorm_trains_everywhere("paper_depth_sweep")),
     Claim("DeepNorm ends better than Pre-LN at the same depth.", "paper_depth_sweep",
-          "DeepNorm's mean eval loss is below Pre-LN's at every depth where both trained",
-          lower_loss_than("deepnorm", "pre", "paper_depth_sweep")),
+          "at every depth where every run of both trained, DeepNorm's mean eval loss is below Pre-LN's by more "
+          "than the seeds' spread", lower_loss_than("deepnorm", "pre", "paper_depth_sweep")),
     Claim("Post-LN, where it trains, ends better than Pre-LN.", "paper_depth_sweep",
-          "at every depth where every Post-LN seed trained, Post-LN's mean eval loss is below Pre-LN's",
-          lower_loss_than("post", "pre", "paper_depth_sweep", only_where_all_trained=True)),
+          "at every depth where every run of both trained, Post-LN's mean eval loss is below Pre-LN's by more "
+          "than the seeds' spread", lower_loss_than("post", "pre", "paper_depth_sweep")),
     Claim("The same holds for encoder-decoder models (the paper's N-N translation models): Post-LN fails with "
           "depth.", "paper_depth_sweep_encdec", "as for the decoder", post_unstable_with_depth("paper_depth_sweep_encdec")),
     Claim("... and DeepNorm trains at every depth (encoder-decoder).", "paper_depth_sweep_encdec",
           "every DeepNorm run trains", deepnorm_trains_everywhere("paper_depth_sweep_encdec")),
     Claim("Post-LN's model update ||F(x,θt) − F(x,θ0)|| explodes in the first steps (figures 4-5).", "model_update",
-          "at the deepest depth, Post-LN's largest model update in steps 1-10 is over 10x DeepNorm's",
+          "at the deepest depth, Post-LN's largest model update in steps 1-10 is over 10x DeepNorm's, and larger "
+          "than at the shallowest depth",
           post_update_explodes),
     Claim("... and then almost stops.", "model_update",
-          "at the deepest depth, Post-LN's largest per-step change in steps 51-100 is under 1/10 of that in steps 1-10",
+          "at the deepest depth, Post-LN's largest per-step change in steps 51-100 is under 1/10 of that in steps "
+          "1-10, and under 1/10 of DeepNorm's same ratio (the warm-up acts on both)",
           post_update_then_stops),
     Claim("DeepNorm's model update stays bounded whatever the depth.", "model_update",
           "DeepNorm's largest model update at the deepest depth is at most 3x that at the shallowest",
@@ -287,10 +348,11 @@ CLAIMS = [
           "that ratio over 1 for Pre-LN at the deepest depth", gradient_profile("pre", above=1.0)),
     Claim("DeepNorm widens the stable region: Post-LN's largest stable learning rate falls with depth, "
           "DeepNorm's much less.", "frontier_depth",
-          "Post-LN's frontier slope has its 95% interval below 0 and DeepNorm's interval lies above Post-LN's",
+          "from the brackets (censored cells included): Post-LN's frontier fell from its shallowest to its deepest "
+          "depth by a factor that is surely over 1 and over the most DeepNorm's can have fallen",
           frontier_flatter_for_deepnorm),
     Claim("Divergence happens early in training (why the paper's depth sweep trained only 8,000 steps).",
-          "paper_depth_sweep", "at least 3/4 of the diverged runs (depth and frontier sweeps) diverged in the first "
+          "paper_depth_sweep", "at least 3/4 of the diverged runs of the two depth sweeps diverged in the first "
           "third of their steps", divergence_is_early),
     Claim("A 1,000-layer DeepNorm model (500L-500L) trains.", "paper_1000l", "a paper_1000l run trains",
           thousand_layers, needs="a GPU (3.68B parameters); none was lent to this project's sessions"),

@@ -26,8 +26,9 @@ class PresetTime:
     worker_s: float  # sum of the runs' wall_s
     elapsed_s: Optional[float]  # the invocations' wall time together; None where no sweep log exists
     invocations: int
-    killed: int  # invocations without an end line (their time ends at their last finished run)
+    open: int  # invocations without an end line: killed, or still running (their time ends at their last run)
     overrides: tuple[str, ...] = ()  # what the invocations added to `experiment=...`, if anything
+    launchers: tuple[str, ...] = ()  # "JoblibLauncher x 2", ...
 
     def describe(self) -> str:
         if self.elapsed_s is None:
@@ -35,9 +36,11 @@ class PresetTime:
         text = f"{duration(self.elapsed_s)} elapsed"
         if self.invocations > 1:
             text += f" over {self.invocations} invocations"
-            if self.killed:
-                text += f" ({self.killed} stopped and resumed)"
+        if self.open:
+            text += f" ({self.open} stopped or still running: counted to {'its' if self.open == 1 else 'their'} last finished run)"
         text += f"; {self.runs} runs, {duration(self.worker_s)} of run time"
+        if self.launchers:
+            text += f"; {', '.join(self.launchers)}"
         return text + (f" (with {' '.join(f'`{o}`' for o in self.overrides)})" if self.overrides else "")
 
 
@@ -52,29 +55,49 @@ def duration(seconds: float) -> str:
 
 
 def _when(text: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(text)
+    when = datetime.datetime.fromisoformat(text)
+    return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)  # the records write UTC
+
+
+def _union_seconds(intervals: list[tuple[datetime.datetime, datetime.datetime]]) -> float:
+    """Seconds covered by the intervals together (two sweeps at once count once)."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is not None and start < reach:
+            start = reach
+        if end > start:
+            total += (end - start).total_seconds()
+            reach = end
+    return total
 
 
 def preset_time(experiment_dir: str | Path, runs: pd.DataFrame) -> PresetTime:
     """`runs`: load_runs(experiment_dir) (the caller has them already)."""
     worker = float(pd.to_numeric(runs.get("wall_s", pd.Series(dtype=float)), errors="coerce").sum())
-    log = records.read_jsonl(Path(experiment_dir) / SWEEP_LOG)
-    starts = [(_when(line["at"]), i) for i, line in enumerate(log) if line.get("event") == "start"]
+    log = [line for line in records.read_jsonl(Path(experiment_dir) / SWEEP_LOG) if "at" in line]
+    starts = [(i, line) for i, line in enumerate(log) if line.get("event") == "start"]
     if not starts:
         return PresetTime(len(runs), worker, None, 0, 0)
     finished = sorted(_when(t) for t in runs.get("finished_at", pd.Series(dtype=object)).dropna())
-    elapsed, killed = 0.0, 0
-    for k, (start, index) in enumerate(starts):
-        following = starts[k + 1][1] if k + 1 < len(starts) else len(log)
-        ends = [_when(line["at"]) for line in log[index + 1:following] if line.get("event") == "end"]
+    intervals, still_open = [], 0
+    for k, (index, line) in enumerate(starts):
+        start = _when(line["at"])
+        following = starts[k + 1][0] if k + 1 < len(starts) else len(log)
+        if line.get("id"):  # paired by id: sweeps into one experiment may overlap
+            ends = [_when(e["at"]) for e in log[index + 1:] if e.get("event") == "end" and e.get("id") == line["id"]]
+        else:  # lines written before ids: the end before the next start
+            ends = [_when(e["at"]) for e in log[index + 1:following] if e.get("event") == "end"]
         if ends:
-            end = ends[0]
-        else:
-            killed += 1
-            window_end = starts[k + 1][0] if k + 1 < len(starts) else datetime.datetime.max.replace(
-                tzinfo=datetime.timezone.utc)
-            inside = [t for t in finished if start <= t < window_end]
-            end = inside[-1] if inside else start
-        elapsed += (end - start).total_seconds()
-    added = dict.fromkeys(o for _, i in starts for o in log[i].get("overrides", []) if not o.startswith("experiment="))
-    return PresetTime(len(runs), worker, elapsed, len(starts), killed, tuple(added))
+            intervals.append((start, ends[0]))
+            continue
+        still_open += 1
+        window_end = _when(log[following]["at"]) if following < len(log) else datetime.datetime.max.replace(
+            tzinfo=datetime.timezone.utc)
+        inside = [t for t in finished if start <= t < window_end]
+        intervals.append((start, inside[-1] if inside else start))
+    lines = [line for _, line in starts]
+    added = dict.fromkeys(o for line in lines for o in line.get("overrides", []) if not o.startswith("experiment="))
+    launchers = dict.fromkeys(f"{line['launcher']} x {line['workers']}" if line.get("workers") else line["launcher"]
+                              for line in lines if line.get("launcher"))
+    return PresetTime(len(runs), worker, _union_seconds(intervals), len(starts), still_open, tuple(added),
+                      tuple(launchers))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -27,17 +28,23 @@ class ComparisonTable(Callback):
 
 
 class SweepLog(Callback):
-    """One line per multirun invocation when it starts (its overrides, launcher, sweeper) and one when it
-    ends. A sweep that was killed has no end line: its time ends with the last run that finished
-    (`analysis.results.sweep_wall_time`). Appended, never rewritten: a resumed sweep adds its own lines."""
+    """One line per multirun invocation when it starts (its overrides, launcher and workers, sweeper) and
+    one when it ends, both with the invocation's id (two sweeps into one experiment may overlap). A sweep
+    that was killed has no end line: its time ends with the last run that finished (`analysis.timing`).
+    Appended, never rewritten: a resumed sweep adds its own lines."""
+
+    def __init__(self) -> None:
+        self.invocation = uuid.uuid4().hex[:12]
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         hydra = config.hydra
-        self._append(config, {"event": "start", "overrides": list(hydra.overrides.task),
-                              "launcher": _target(hydra.launcher), "sweeper": _target(hydra.sweeper)})
+        self._append(config, {"event": "start", "id": self.invocation, "overrides": list(hydra.overrides.task),
+                              "launcher": _target(hydra.launcher),
+                              "workers": OmegaConf.select(hydra.launcher, "n_jobs", default=None),
+                              "sweeper": _target(hydra.sweeper)})
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        self._append(config, {"event": "end"})
+        self._append(config, {"event": "end", "id": self.invocation})
 
     @staticmethod
     def _append(config: DictConfig, line: dict) -> None:
