@@ -116,7 +116,8 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
         sweeps = cells.drop_duplicates("sweep_dir")
         page.add(f"Every cell ({int(sweeps['runs_spent'].sum())} probe runs; a grid at the same resolution "
                  f"would have taken {int(sweeps['grid_runs'].sum())}):",
-                 markdown_table(cells[columns].sort_values(["norm", "depth", "seed"]), index=False))
+                 markdown_table(cells[columns].sort_values([c for c in ("norm", "depth", "seed") if c in columns]),
+                                index=False))
 
     def model_update(page: Page) -> None:
         runs = evidence.at_one_lr("model_update")
