@@ -225,6 +225,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", default="docs", help="where results.md and results/ go (default docs/)")
     parser.add_argument("--readme", help="a README whose generated blocks to rewrite from the same records")
     args = parser.parse_args(argv)
+    if not Path(args.root).is_dir():
+        parser.error(f"{args.root} is not a directory (the runs root: runs/)")
+    if args.readme and not Path(args.readme).is_file():
+        parser.error(f"--readme {args.readme}: no such file")
     print(f"results: {build_results(args.root, args.out).resolve()}")
     if args.readme:
         done = update_readme(Path(args.readme), readme_blocks(Path(args.root)))
