@@ -66,6 +66,9 @@ class FakeLauncher:
             result = JobReturn()
             if overrides["norm"] == "broken":
                 result.status, result._return_value = JobStatus.FAILED, RuntimeError("boom")
+            elif overrides["norm"] == "preempted":
+                result.status = JobStatus.COMPLETED
+                result._return_value = {"status": "interrupted", "run_dir": "runs/x/preempted", "error": "SIGTERM"}
             else:
                 result.status = JobStatus.COMPLETED
                 result._return_value = {"status": "completed" if float(overrides["train.lr"]) <= 1e-2 else "diverged"}
@@ -92,6 +95,14 @@ def test_the_sweeper_counts_failed_probes_in_runs_and_runs_spent_alike(tmp_path)
     cells = {cell["norm"]: cell for cell in report["cells"]}
     assert report["runs_spent"] == sum(cell["runs"] for cell in report["cells"])
     assert cells["broken"]["probes"][0]["error"] == "RuntimeError: boom" and cells["broken"]["runs"] == 1
+
+
+def test_an_interrupted_probe_stops_the_sweep_instead_of_settling_its_cell(tmp_path):
+    """A preempted probe says nothing about stability: the sweep stops (re-running resumes it), writing no
+    frontier.json that would report the cell as failed."""
+    with pytest.raises(RuntimeError, match="runs/x/preempted was interrupted .SIGTERM.: .* re-run the same command"):
+        sweeper(tmp_path).sweep(["norm=post,preempted"])
+    assert not (tmp_path / "frontier.json").exists()
 
 
 def test_max_batch_size_bounds_each_launch(tmp_path):

@@ -71,7 +71,8 @@ class FrontierSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config)
 
     def _stable(self, result: JobReturn) -> Union[bool, str]:
-        """True/False for a run that ended stable/diverged; for one that failed or was skipped, its error."""
+        """True/False for a run that ended stable/diverged; for one that failed or was skipped, its error.
+        An interrupted run stops the sweep (resumable) instead: it failed nothing."""
         if result.status != JobStatus.COMPLETED:
             return f"{type(result._return_value).__name__}: {result._return_value}"
         summary = result.return_value
@@ -79,6 +80,9 @@ class FrontierSweeper(Sweeper):
             return "the job ended before its run started (see its log)"
         if summary.get("status") == "diverged":
             return False
+        if summary.get("status") == "interrupted":  # preempted or stopped: says nothing; settling the cell would
+            raise RuntimeError(f"{summary.get('run_dir')} was interrupted ({summary.get('error')}): a stopped probe "
+                               "says nothing about stability; re-run the same command to resume the sweep")
         if summary.get("status") != "completed":
             return summary.get("error") or summary.get("reason") or f"status {summary.get('status')}"
         return bool(summary.get("trained")) if self.stable_if == "trained" else True
