@@ -22,7 +22,7 @@ from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
 from ..sinks import build_sinks
 from .preemption import PreemptionGuard
-from ..runtime import Runtime, init_runtime
+from ..runtime import Runtime, close_runtime, init_runtime
 from ..records import atomic_path, remove_temporaries, utc_now
 from .runlock import RunLock
 from .summary import TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
@@ -72,6 +72,14 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
     positions = check_config(cfg)
     memory = check_runtime(cfg, positions)
     runtime = init_runtime(cfg.device)
+    try:
+        return _run(cfg, runtime, override_dirname, progress, callbacks, memory, positions)
+    finally:
+        close_runtime(runtime)
+
+
+def _run(cfg: DictConfig, runtime: Runtime, override_dirname: str, progress: bool | None,
+         callbacks: Sequence[Callback], memory, positions) -> dict:
     if not runtime.is_main:
         log.setLevel(logging.WARNING)  # the main process speaks for the run
     name = make_run_name(cfg, override_dirname)
