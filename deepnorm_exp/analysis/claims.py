@@ -365,6 +365,5 @@ CLAIMS = [
 ]
 
 
-def judge(root: str | Path) -> list[tuple[Claim, Verdict]]:
-    evidence = Evidence(root)
+def judge(evidence: Evidence) -> list[tuple[Claim, Verdict]]:
     return [(claim, claim.judge(evidence)) for claim in CLAIMS]
