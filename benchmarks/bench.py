@@ -310,73 +310,115 @@ def threads_section(root: Path, steps: int) -> None:
 
 
 GPU_SHAPE = ["model.d_model=1024", "model.n_heads=16", "model.d_ff=4096", "depth=100", "train.precision=bf16",
-             "device=cuda", "train.batch_size=32", "train.seq_len=256", "model.max_seq_len=256",
+             "device=cuda", "train.batch_size=32", "train.seq_len=512", "model.max_seq_len=512",
              "data.train_sequences=4096", "data.eval_sequences=64", "metrics=off", "logger=none", "resume=false"]
 
 
 def cli_summary(root: Path, *overrides: str, timeout: float = 900) -> dict:
-    """Run `python -m deepnorm_exp <overrides>` under `root`; its summary.json."""
-    result = subprocess.run([sys.executable, "-m", "deepnorm_exp", f"paths.runs={root}", *overrides],
-                            capture_output=True, text=True, timeout=timeout)
+    """Run `python -m deepnorm_exp <overrides>` under `root`; its summary.json (a run that outlives `timeout`
+    is stopped and reported as such)."""
+    try:
+        result = subprocess.run([sys.executable, "-m", "deepnorm_exp", f"paths.runs={root}", *overrides],
+                                capture_output=True, text=True, timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "error": f"stopped after {timeout:.0f} s"}
     summaries = sorted(root.glob("*/*/summary.json"), key=lambda p: p.stat().st_mtime)
     if result.returncode != 0 or not summaries:
         return {"status": "failed", "error": (result.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(summaries[-1].read_text())
 
 
-def gpu_section(root: Path) -> None:
-    """The GPU path, unattended in a few minutes on one GPU: d_model 1024 x depth 100 in bf16, eager and
-    compiled (tokens/s, MFU, peak memory); the paper's 1,000-layer model for 10 steps; a run killed with
-    SIGKILL after its first checkpoint and re-run, against the straight run's losses."""
+def steady_state(summary: dict) -> dict:
+    """A GPU run's figures: the median logged interval after the first (which pays for compilation and
+    warm-up), the peak memory against the estimate, the wall time."""
+    records = [json.loads(r) for r in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    later = [r for r in records[1:] if "tokens_per_s" in r] or records
+
+    def median(key):
+        values = sorted(r[key] for r in later if r.get(key) is not None)
+        return values[len(values) // 2] if values else None
+
+    return {"tokens_per_s": median("tokens_per_s"), "mfu": median("mfu"), "flops_per_s": median("flops_per_s"),
+            "peak_memory_gib": summary.get("peak_memory_gib"), "memory_estimate_gib": summary.get("memory_estimate_gib"),
+            "wall_s": summary.get("wall_s"), "steps": summary.get("steps_completed"), "params": summary.get("params")}
+
+
+def gpu_section(root: Path, budget_s: float = 540, results: Path | None = None) -> None:
+    """The GPU path, unattended within `budget_s` on one GPU: d_model 1024 x depth 100 in bf16, eager and
+    compiled (tokens/s, MFU, peak memory); a run killed with SIGKILL after its first checkpoint and re-run,
+    against the straight run's losses; the paper's 1,000-layer model for 10 steps with what time is left.
+    Each result is also appended to `results` (JSON lines) as it comes, so a stopped check keeps them."""
     import torch
 
     if not torch.cuda.is_available():
         print("gpu: no CUDA device here; section skipped")
         return
-    print(f"gpu: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    deadline = time.monotonic() + budget_s
+    print(f"gpu: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
 
-    def line(label: str, summary: dict) -> None:
+    def left(share: float = 1.0, reserve: float = 0.0) -> float:
+        return max(0.0, (deadline - time.monotonic() - reserve) * share)
+
+    def report(label: str, summary: dict, **extra) -> None:
+        row = {"label": label, "status": summary.get("status"), "error": summary.get("error"), **extra}
+        if summary.get("status") == "completed":
+            row.update(steady_state(summary))
+        if results is not None:
+            with results.open("a") as f:
+                f.write(json.dumps(row) + "\n")
         if summary.get("status") != "completed":
-            print(f"  {label}: {summary.get('status')} ({summary.get('error')})")
+            print(f"  {label}: {row['status']} ({row['error']})", flush=True)
             return
-        # Steady state: the median logged interval after the first (which pays for compilation, warm-up).
-        records = [json.loads(r) for r in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-        later = [r for r in records[1:] if "tokens_per_s" in r] or records
-        tokens_per_s = sorted(r["tokens_per_s"] for r in later)[len(later) // 2]
-        mfus = sorted(r["mfu"] for r in later if "mfu" in r)
-        mfu = f"{mfus[len(mfus) // 2]:.1%}" if mfus else "-"
-        print(f"  {label}: {tokens_per_s:,.0f} tokens/s, MFU {mfu} (steady state), peak memory "
-              f"{summary['peak_memory_gib']:.1f} GiB (estimate {summary['memory_estimate_gib']:.1f}), "
-              f"wall {summary['wall_s']:.0f} s for {summary['steps_completed']} steps")
 
-    for variant, extra in (("eager", []), ("compiled", ["train.compile=true"])):
-        line(f"d1024 L100 bf16 {variant}", cli_summary(root / f"gpu-{variant}", *GPU_SHAPE, "train.steps=40",
-                                                         "train.log_every=10", "train.eval_every=40", *extra))
-    line("paper_1000l (500L-500L, 3.68B)", cli_summary(root / "gpu-1000l", "experiment=paper_1000l", "device=cuda",
-                                                       "train.steps=10", "train.log_every=5", "train.eval_every=10",
-                                                       "metrics=off", "logger=none", "resume=false"))
-    # Kill and resume: the straight run, then the same run SIGKILLed once its step-10 checkpoint exists.
+        def shown(value, form):
+            return "-" if value is None else format(value, form)
+
+        print(f"  {label}: {shown(row['tokens_per_s'], ',.0f')} tokens/s, MFU {shown(row['mfu'], '.1%')} (steady "
+              f"state), peak memory {shown(row['peak_memory_gib'], '.1f')} GiB (estimate "
+              f"{shown(row['memory_estimate_gib'], '.1f')}), wall {shown(row['wall_s'], '.0f')} s for {row['steps']} "
+              "steps", flush=True)
+
+    for variant, extra, share in (("eager", [], 0.2), ("compiled", ["train.compile=true"], 0.3)):
+        report(f"d1024 L100 bf16 seq 512 x 32 {variant}", cli_summary(
+            root / f"gpu-{variant}", *GPU_SHAPE, "train.steps=40", "train.log_every=10", "train.eval_every=40",
+            *extra, timeout=left(share)))
+    # Kill and resume: two straight runs (the control: do two runs of one config agree at all?), then the
+    # same run SIGKILLed once its step-10 checkpoint exists and re-run. Deterministic kernels: without them
+    # CUDA's atomics (attention and embedding backward) let even two straight runs differ in the last bits.
     args = [*GPU_SHAPE[:-1], "depth=24", "train.steps=20", "train.log_every=1", "train.eval_every=20",
-            "train.ckpt_every=10"]
-    straight = cli_summary(root / "gpu-straight", *args)
+            "train.ckpt_every=10", "train.deterministic=true"]
+    straight = [cli_summary(root / f"gpu-straight-{i}", *args, timeout=left(0.1)) for i in range(2)]
     killed_root = root / "gpu-killed"
     proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", f"paths.runs={killed_root}", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 600
-    while proc.poll() is None and not list(killed_root.glob("*/*/checkpoint.pt")) and time.monotonic() < deadline:
+    until = time.monotonic() + left(0.1)
+    while proc.poll() is None and not list(killed_root.glob("*/*/checkpoint.pt")) and time.monotonic() < until:
         time.sleep(0.05)
+    killed_at_checkpoint = proc.poll() is None and bool(list(killed_root.glob("*/*/checkpoint.pt")))
     proc.kill()
     proc.wait()
-    resumed = cli_summary(killed_root, *args[:-1] + ["resume=true"])
+    resumed = cli_summary(killed_root, *args, timeout=left(0.15))
 
     def losses(directory: Path) -> list:
         found = list(directory.glob("*/*/metrics.jsonl"))
         return [json.loads(r)["loss"] for r in found[0].read_text().splitlines()] if found else []
 
-    same = losses(root / "gpu-straight") == losses(killed_root) != []
-    print(f"  kill -9 after the step-10 checkpoint, re-run: {resumed.get('status')}, resumed from step "
-          f"{resumed.get('resumed_from_step')}, losses {'identical to' if same else 'DIFFERENT from'} the "
-          f"straight run's ({straight.get('status')})")
+    first, second, after_kill = losses(root / "gpu-straight-0"), losses(root / "gpu-straight-1"), losses(killed_root)
+    control, same = first == second != [], first == after_kill != []
+    print(f"  kill -9 after the step-10 checkpoint ({'killed while running' if killed_at_checkpoint else 'NOT killed mid-run'}), "
+          f"re-run: {resumed.get('status')} ({resumed.get('error')}), resumed from step {resumed.get('resumed_from_step')}, "
+          f"losses {'identical to' if same else 'DIFFERENT from'} the straight run's; two straight runs "
+          f"{'identical' if control else 'DIFFERENT'} ({', '.join(str(s.get('status')) for s in straight)})", flush=True)
+    if results is not None:
+        with results.open("a") as f:
+            f.write(json.dumps({"label": "kill and resume", "killed_mid_run": killed_at_checkpoint,
+                                "straight": [s.get("status") for s in straight], "resumed": resumed.get("status"),
+                                "resumed_from_step": resumed.get("resumed_from_step"), "identical_losses": same,
+                                "straight_runs_identical": control, "losses": [first, second, after_kill],
+                                "error": resumed.get("error") or straight[0].get("error")}) + "\n")
+    report("paper_1000l (500L-500L, 3.68B)", cli_summary(
+        root / "gpu-1000l", "experiment=paper_1000l", "device=cuda", "train.steps=10", "train.log_every=5",
+        "train.eval_every=10", "metrics=off", "logger=none", "resume=false", timeout=left()))
 
 
 def time_to_first_step(root: Path, logger: str) -> float:
@@ -447,6 +489,8 @@ def main() -> None:
                              "schemes (sigma_reparam, admin: their step-time overhead)")
     parser.add_argument("--data-megabytes", type=int, default=100, help="size of the data section's text file")
     parser.add_argument("--root", default="")
+    parser.add_argument("--gpu-budget", type=float, default=540, help="gpu: seconds for the whole section")
+    parser.add_argument("--gpu-results", default="", help="gpu: also append each result to this JSON-lines file")
     parser.add_argument("--quick", action="store_true", help="depths 10 and 100 instead of 100 and 1,000")
     args = parser.parse_args()
     if args.child:
@@ -508,7 +552,7 @@ def main() -> None:
         if "threads" in sections:
             threads_section(root, max(args.steps, 30))
         if "gpu" in sections:
-            gpu_section(root)
+            gpu_section(root, args.gpu_budget, Path(args.gpu_results) if args.gpu_results else None)
 
 
 def print_decoder_table(rows: dict) -> None:

@@ -75,6 +75,7 @@ class TrainConfig:
     parallel: str = "auto"  # auto (none for one process, ddp for several) | none | ddp | fsdp
     micro_batch_size: Optional[int] = None  # rows per forward on each rank (gradient accumulation); null: all
     compile: bool = False  # torch.compile each residual block (regional: compile time does not grow with depth)
+    deterministic: bool = False  # deterministic CUDA kernels: GPU runs (and their resumes) repeat bit for bit
     peak_tflops: Optional[float] = None  # the device's peak bf16 TFLOP/s for MFU (null: the table's, by GPU name)
 
 

@@ -9,6 +9,7 @@ collective below is the identity, so the single-process path computes exactly wh
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -117,8 +118,9 @@ def init_runtime(device_name: str) -> Runtime:
 
 
 def close_runtime(runtime: Runtime) -> None:
-    """Leave the process group when the run is over. Left to the interpreter's exit, gloo's threads can be
-    torn down while still joinable and a rank aborts after a run that finished ("terminate called without an
-    active exception", SIGABRT, seen once in the 2-rank preemption test); every collective is done by now."""
+    """Leave the process group when the run is over (every collective is done by now). The run's objects
+    are collected first: FSDP's modules and states are reference cycles that hold the group and its
+    finished work, and left to the interpreter's exit they are freed after the group is gone."""
     if runtime.distributed and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

@@ -104,9 +104,14 @@ def test_one_process_with_micro_batches_trains_the_same_global_batch(runs, tmp_p
         assert_close([r[key] for r in one], [r[key] for r in accumulated])
 
 
+def hooks_env(**variables: str) -> dict:
+    """The environment that activates tests/hooks with these variables."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH", "")) if p),
+            **variables}
+
+
 def pause_env(directory: Path, step: int) -> dict:
-    path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path, "DEEPNORM_TEST_PAUSE_AT": str(step), "DEEPNORM_TEST_PAUSE_DIR": str(directory)}
+    return hooks_env(DEEPNORM_TEST_PAUSE_AT=str(step), DEEPNORM_TEST_PAUSE_DIR=str(directory))
 
 
 def kill_at_step(args, step: int, directory: Path) -> None:
@@ -227,6 +232,17 @@ def test_a_diverging_run_stops_on_both_ranks_at_the_same_step(tmp_path):
     assert summary["status"] == "diverged" and summary["steps_completed"] < STEPS
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e.get("event") == "divergence"] == [summary["diverged_at_step"]]
+
+
+def test_ranks_leave_without_the_interpreters_teardown(tmp_path):
+    """A rank that finished its run exits with its status before the interpreter's teardown, where gloo's
+    threads being freed can abort it (SIGABRT after a completed run; the hook aborts there every time)."""
+    env = hooks_env(DEEPNORM_TEST_ABORT_AT_EXIT="1")
+    result = torchrun(*COMMON, "train.steps=4", f"paths.runs={tmp_path}", env_extra=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((only_run(tmp_path) / "summary.json").read_text())["status"] == "completed"
+    refused = torchrun(*COMMON, "train.steps=4", "model.n_heads=5", f"paths.runs={tmp_path}", env_extra=env)
+    assert "model.n_heads" in refused.stderr and "exitcode  : 2 " in refused.stderr  # the rank's own status
 
 
 def test_a_submitit_job_with_two_tasks_trains_one_run_on_two_ranks(tmp_path):

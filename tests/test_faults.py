@@ -122,6 +122,24 @@ def test_a_finished_run_of_another_config_is_never_taken_as_the_result(tmp_path)
     assert replaced["status"] == "completed" and replaced["wall_s"] != first["wall_s"]
 
 
+def test_a_run_stored_before_a_config_key_existed_is_still_its_configs(tmp_path):
+    """A key added to the schema later (train.deterministic here) is absent from older runs' config.yaml; at
+    its default it trains what they trained, so they are still found finished, and only another value is
+    another config."""
+    from omegaconf import OmegaConf
+
+    first = run_experiment(config(tmp_path), progress=False)
+    stored = Path(first["run_dir"]) / "config.yaml"
+    older = OmegaConf.load(stored)
+    del older.train["deterministic"]
+    OmegaConf.save(older, stored)
+    again = run_experiment(config(tmp_path), progress=False)
+    assert again["status"] == "completed" and again["wall_s"] == first["wall_s"]  # not trained again
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(config(tmp_path, "train.deterministic=true"), progress=False)
+    assert refused.value.key == "train.deterministic"
+
+
 @pytest.mark.slow
 def test_the_command_line_refuses_a_directory_claimed_by_another_config(tmp_path, capsys):
     args = [*TINY, f"paths.runs={tmp_path}", "logger=none"]

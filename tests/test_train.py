@@ -139,6 +139,46 @@ def test_checkpoint_random_states_come_back_on_the_cpu(tmp_path):
     torch.Generator().set_state(state["batches"]["epoch_start_state"])
 
 
+def test_callback_states_come_back_beside_the_model(tmp_path):
+    """The checkpoint is read onto the CPU; a callback's tensors go to the model's device as they are restored
+    (on a GPU, the model update's F(x, theta_0) stayed on the CPU and the resumed run failed at its first
+    logged step; the meta device stands in for the GPU here)."""
+    from types import SimpleNamespace
+
+    from deepnorm_exp.metrics.model_update import ModelUpdate
+    from deepnorm_exp.train import checkpoint
+    from deepnorm_exp.train.trainer import Callback
+
+    cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "train.ckpt_every=3",
+                                "train.keep_checkpoint=true"])
+    run_experiment(cfg, progress=False)
+    (path,) = tmp_path.glob(f"*/*/{checkpoint.CHECKPOINT}")
+    state = checkpoint.load(path)
+    assert state["callbacks"][ModelUpdate.__name__]["initial"].device.type == "cpu"
+
+    class Received(Callback):
+        def __init__(self, name):
+            self.received, self._name = None, name
+
+        @property
+        def name(self):
+            return self._name
+
+        def load_state_dict(self, state):
+            self.received = state
+
+    receivers = [Received(name) for name in state["callbacks"]]
+    ignore = SimpleNamespace(load_state_dict=lambda state: None)
+    trainer = SimpleNamespace(device=torch.device("meta"), model=ignore, optimizer=ignore, scheduler=ignore,
+                              batches=ignore, scaler=None, callbacks=receivers, step=0,
+                              runtime=SimpleNamespace(distributed=False, rank=0))
+    checkpoint.restore(trainer, state)
+    by_name = {r.name: r.received for r in receivers}
+    assert by_name[ModelUpdate.__name__]["initial"].device.type == "meta"
+    assert by_name == {**by_name, **{k: v for k, v in state["callbacks"].items() if k != ModelUpdate.__name__}}
+    assert torch.get_rng_state().equal(state["rng"]["torch"])  # the random-number states stay on the CPU
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_gpu_run_killed_and_resumed_gives_the_straight_runs_losses(tmp_path):
     from conftest import PausedRun, run_cli

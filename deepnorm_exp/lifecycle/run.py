@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..build import build_model, check_config, check_runtime, make_scheme
+from ..config import Config
 from ..models import MODELS, count_params
 from ..data import load_data
 from ..errors import ConfigError, RecordError, one_line
@@ -98,12 +101,31 @@ def _run(cfg: DictConfig, runtime: Runtime, override_dirname: str, progress: boo
         if runtime.is_main:
             with atomic_path(out_dir / "config.yaml") as temporary:
                 OmegaConf.save(cfg, temporary, resolve=True)
-        with guard:
+        with guard, deterministic_kernels(cfg.train.deterministic):
             summary = _train(cfg, runtime, name, out_dir, plan[1], progress, callbacks, guard, memory, positions)
     finally:
         lock.release()
     guard.forward()  # after the records are written: a preemption's signal goes on (submitit requeues)
     return summary
+
+
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool):
+    """torch.use_deterministic_algorithms for the run, then as it was. On CUDA, several kernels (embedding
+    and index backward, some attention backward) add with atomics in whatever order threads arrive, so two
+    runs of one config, or a run and its resume, differ in the last bits and then drift; on the CPU the
+    harness's runs repeat bit for bit without this. cuBLAS needs a fixed workspace for the same, read when
+    its handle is created (the run's first matrix product, after this)."""
+    if not enabled:
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def _plan(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
@@ -155,9 +177,21 @@ def first_difference(before: Any, now: Any, prefix: str = "") -> tuple[str, Any,
     return None if before == now else (prefix.rstrip("."), before, now)
 
 
+def with_schema_defaults(stored: Any, defaults: Any) -> Any:
+    """`stored` with the keys the schema gained after it was written, at their defaults. A key is added with
+    the default that keeps what runs did before it existed, so a run stored before it trains the same."""
+    if not (isinstance(stored, dict) and isinstance(defaults, dict)):
+        return stored
+    filled = {key: with_schema_defaults(value, defaults.get(key)) for key, value in stored.items()}
+    filled.update({key: value for key, value in defaults.items() if key not in stored and value != "???"})
+    return filled
+
+
 def check_same_training(stored: dict, cfg: DictConfig, out_dir: Path) -> None:
     """ConfigError unless `stored` (a resolved config) trains what `cfg` asks for."""
-    found = first_difference(trained_config(stored), trained_config(OmegaConf.to_container(cfg, resolve=True)))
+    schema = OmegaConf.to_container(OmegaConf.structured(Config), resolve=False, throw_on_missing=False)
+    found = first_difference(trained_config(with_schema_defaults(stored, schema)),
+                             trained_config(OmegaConf.to_container(cfg, resolve=True)))
     if found is not None:
         key, before, now = found
         raise ConfigError(key, now, f"{out_dir} holds a run trained with {key}={before}; give this run its own "

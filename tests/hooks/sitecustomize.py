@@ -6,6 +6,9 @@ DEEPNORM_TEST_PAUSE_AT=<step> and DEEPNORM_TEST_PAUSE_DIR=<dir>: when the traine
 before any callback sees it (so a checkpoint caused by a signal lands at exactly that step), the process
 writes its pid to <dir>/paused and waits until <dir>/go exists. Once only: a resumed process, or a second
 one (another rank reaching the step at the same moment included), never pauses (the `paused` file exists).
+
+DEEPNORM_TEST_ABORT_AT_EXIT=1: a torchrun worker (RANK is set; not the launcher itself) aborts (SIGABRT) if
+it reaches the interpreter's exit handlers, as a rank can when gloo's threads are torn down with it.
 """
 
 import importlib.abc
@@ -68,3 +71,7 @@ class Finder(importlib.abc.MetaPathFinder):
 
 if STEP and DIRECTORY:
     sys.meta_path.insert(0, Finder())
+if os.environ.get("DEEPNORM_TEST_ABORT_AT_EXIT") and "RANK" in os.environ:
+    import atexit
+
+    atexit.register(os.abort)
