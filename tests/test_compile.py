@@ -41,3 +41,13 @@ def test_compiled_blocks_train_as_eager_and_measured_steps_compile_nothing_more(
     (run,) = (tmp_path / "compiled").glob("*/*/layers")
     layers = load_layers(run.parent)
     assert layers["out_norm"].notna().all()  # the activation hooks fired inside compiled blocks
+
+
+def test_compiled_encoder_decoder_blocks_recompute_under_activation_checkpointing(tmp_path):
+    """The translation task's batches vary in length: with recomputation the blocks are compiled for every
+    shape at once, so a block's recomputation runs the graph its forward ran (with automatic dynamic shapes
+    torch's checkpoint refused the second length it saw, pytorch#166926)."""
+    overrides = ["model=encdec", "depth=2", "model.activation_checkpointing=true", "metrics=off", "train.steps=4"]
+    eager, _ = compiled_run(tmp_path / "eager", *overrides)
+    compiled, _ = compiled_run(tmp_path / "compiled", *overrides, "train.compile=true")
+    assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], rel=1e-4)

@@ -267,9 +267,11 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         sinks = build_sinks(cfg, out_dir, name) if runtime.is_main else []
         dtype = autocast_dtype(cfg.train.precision, device)
         if parallel == "fsdp":  # FSDP's mixed-precision policy casts the weights itself (fp32 reductions)
-            objective, dtype = wrap(model, runtime, parallel, param_dtype=dtype, compile=cfg.train.compile), None
+            objective, dtype = wrap(model, runtime, parallel, param_dtype=dtype, compile=cfg.train.compile,
+                                     checkpointing=cfg.model.activation_checkpointing), None
         else:
-            objective = wrap(model, runtime, parallel, param_dtype=None, compile=cfg.train.compile)
+            objective = wrap(model, runtime, parallel, param_dtype=None, compile=cfg.train.compile,
+                             checkpointing=cfg.model.activation_checkpointing)
 
         def eval_loss() -> float:
             return evaluate(objective, data.eval, cfg.train.batch_size, device, dtype)

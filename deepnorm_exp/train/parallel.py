@@ -72,14 +72,21 @@ def resolve_parallel(parallel: str, runtime: Runtime) -> str:
 
 
 def wrap(model: nn.Module, runtime: Runtime, parallel: str, param_dtype: torch.dtype | None,
-         compile: bool = False) -> nn.Module:
+         compile: bool = False, checkpointing: bool = False) -> nn.Module:
     """The Objective of `model`, wrapped for `parallel` (none | ddp | fsdp, resolved); `compile`: each
-    residual block compiled first (torchtitan's order: compile, then shard)."""
+    residual block compiled first (torchtitan's order: compile, then shard). `checkpointing`: the model
+    recomputes each block's forward in the backward (model.activation_checkpointing)."""
     if compile:
+        # With recomputation, one graph for every shape: under automatic dynamic shapes a block first seen
+        # at one length runs a static graph, and its recomputation, after other lengths came (the
+        # translation task's batches vary), can pick the dynamic graph, which saves other tensors: torch's
+        # checkpoint then fails ("Recomputed values ... have different metadata", pytorch#166926; seen on
+        # paper_1000l compiled).
+        dynamic = True if checkpointing else None
         for _, _, _, block in model.residual_blocks():
             # In place (the module and its parameters stay the same objects). Blocks of one kind share
             # their code, so Dynamo compiles once per kind and reuses it at every depth.
-            block.compile()
+            block.compile(dynamic=dynamic)
     objective = Objective(model)
     if parallel == "none":
         return objective
