@@ -90,6 +90,15 @@ class PausedRun:
     def resume(self) -> None:
         (self.directory / "go").touch()
 
+    def __enter__(self) -> "PausedRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """A test that failed before `finish` leaves no paused process behind (it would wait 10 minutes)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
     def finish(self, timeout: float = 300) -> subprocess.CompletedProcess:
         out, err = self.proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)

@@ -374,14 +374,14 @@ def wandb_service_pids(parent: int) -> list[int]:
 @pytest.mark.slow
 def test_wandb_service_dying_mid_run_is_one_warning_and_the_run_completes(tmp_path):
     args = [*TINY, "train.steps=30", "logger=wandb", f"paths.runs={tmp_path}"]
-    run = PausedRun(args, step=10, directory=tmp_path / "pause")
-    pid = run.wait_paused()
-    services = wandb_service_pids(pid)
-    assert services, "no W&B service process found"
-    for service in services:
-        os.kill(service, signal.SIGKILL)
-    run.resume()
-    result = run.finish()
+    with PausedRun(args, step=10, directory=tmp_path / "pause") as run:
+        pid = run.wait_paused()
+        services = wandb_service_pids(pid)
+        assert services, "no W&B service process found"
+        for service in services:
+            os.kill(service, signal.SIGKILL)
+        run.resume()
+        result = run.finish()
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert "Traceback" not in output, output[-3000:]
