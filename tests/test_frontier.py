@@ -66,6 +66,10 @@ class FakeLauncher:
             result = JobReturn()
             if overrides["norm"] == "broken":
                 result.status, result._return_value = JobStatus.FAILED, RuntimeError("boom")
+            elif overrides["norm"] == "elsewhere":
+                result.status = JobStatus.COMPLETED
+                result._return_value = {"status": "skipped", "reason": "running in another process",
+                                        "run_dir": "runs/x/elsewhere"}
             elif overrides["norm"] == "preempted":
                 result.status = JobStatus.COMPLETED
                 result._return_value = {"status": "interrupted", "run_dir": "runs/x/preempted", "error": "SIGTERM"}
@@ -102,6 +106,14 @@ def test_an_interrupted_probe_stops_the_sweep_instead_of_settling_its_cell(tmp_p
     frontier.json that would report the cell as failed."""
     with pytest.raises(RuntimeError, match="runs/x/preempted was interrupted .SIGTERM.: .* re-run the same command"):
         sweeper(tmp_path).sweep(["norm=post,preempted"])
+    assert not (tmp_path / "frontier.json").exists()
+
+
+def test_a_probe_another_sweep_is_running_stops_this_sweep(tmp_path):
+    """The same frontier launched twice: the second finds the first's probe locked. That says nothing about
+    stability either (it used to settle the cell as failed in the second sweep's report)."""
+    with pytest.raises(RuntimeError, match="runs/x/elsewhere is being run by another process .* one sweep"):
+        sweeper(tmp_path).sweep(["norm=post,elsewhere"])
     assert not (tmp_path / "frontier.json").exists()
 
 

@@ -71,8 +71,8 @@ class FrontierSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config)
 
     def _stable(self, result: JobReturn) -> Union[bool, str]:
-        """True/False for a run that ended stable/diverged; for one that failed or was skipped, its error.
-        An interrupted run stops the sweep (resumable) instead: it failed nothing."""
+        """True/False for a run that ended stable/diverged; for one that failed, its error. A run that was
+        interrupted, or that another process is running, stops the sweep (resumable) instead: it failed nothing."""
         if result.status != JobStatus.COMPLETED:
             return f"{type(result._return_value).__name__}: {result._return_value}"
         summary = result.return_value
@@ -83,6 +83,9 @@ class FrontierSweeper(Sweeper):
         if summary.get("status") == "interrupted":  # preempted or stopped: says nothing; settling the cell would
             raise RuntimeError(f"{summary.get('run_dir')} was interrupted ({summary.get('error')}): a stopped probe "
                                "says nothing about stability; re-run the same command to resume the sweep")
+        if summary.get("status") == "skipped":  # another process (a second sweep of the same preset) holds it
+            raise RuntimeError(f"{summary.get('run_dir')} is being run by another process ({summary.get('reason')}): "
+                               "one sweep of a frontier at a time; re-run this command once that one ends")
         if summary.get("status") != "completed":
             return summary.get("error") or summary.get("reason") or f"status {summary.get('status')}"
         return bool(summary.get("trained")) if self.stable_if == "trained" else True
