@@ -316,12 +316,14 @@ GPU_SHAPE = ["model.d_model=1024", "model.n_heads=16", "model.d_ff=4096", "depth
 
 def cli_summary(root: Path, *overrides: str, timeout: float = 900) -> dict:
     """Run `python -m deepnorm_exp <overrides>` under `root`; its summary.json (a run that outlives `timeout`
-    is stopped and reported as such)."""
+    is stopped and reported as such; with under 5 s left, none is started)."""
+    if timeout < 5:
+        return {"status": "not run", "error": "the section's time budget is spent"}
     try:
         result = subprocess.run([sys.executable, "-m", "deepnorm_exp", f"paths.runs={root}", *overrides],
-                                capture_output=True, text=True, timeout=max(timeout, 1))
+                                capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"status": "failed", "error": f"stopped after {timeout:.0f} s"}
+        return {"status": "timed out", "error": f"stopped after {timeout:.0f} s"}
     summaries = sorted(root.glob("*/*/summary.json"), key=lambda p: p.stat().st_mtime)
     if result.returncode != 0 or not summaries:
         return {"status": "failed", "error": (result.stderr.strip().splitlines() or ["?"])[-1]}
@@ -409,13 +411,14 @@ def gpu_section(root: Path, budget_s: float = 540, results: Path | None = None) 
           f"re-run: {resumed.get('status')} ({resumed.get('error')}), resumed from step {resumed.get('resumed_from_step')}, "
           f"losses {'identical to' if same else 'DIFFERENT from'} the straight run's; two straight runs "
           f"{'identical' if control else 'DIFFERENT'} ({', '.join(str(s.get('status')) for s in straight)})", flush=True)
+    errors = [s.get("error") for s in (resumed, *straight) if s.get("error")]
     if results is not None:
         with results.open("a") as f:
             f.write(json.dumps({"label": "kill and resume", "killed_mid_run": killed_at_checkpoint,
                                 "straight": [s.get("status") for s in straight], "resumed": resumed.get("status"),
                                 "resumed_from_step": resumed.get("resumed_from_step"), "identical_losses": same,
                                 "straight_runs_identical": control, "losses": [first, second, after_kill],
-                                "error": resumed.get("error") or straight[0].get("error")}) + "\n")
+                                "errors": errors}) + "\n")
     report("paper_1000l (500L-500L, 3.68B)", cli_summary(
         root / "gpu-1000l", "experiment=paper_1000l", "device=cuda", "train.steps=10", "train.log_every=5",
         "train.eval_every=10", "metrics=off", "logger=none", "resume=false", timeout=left()))

@@ -92,25 +92,36 @@ def main(argv: list[str] | None = None) -> None:
     # hold finished work whose tensors reference Python objects, and freeing those while the interpreter
     # is being torn down aborts the process ("terminate called without an active exception", SIGABRT)
     # after a run that completed and wrote its records. Seen in CI about once in 12 two-rank runs.
+    status = 1
     try:
         command(argv)
         status = 0
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-        if isinstance(e.code, str):
+        if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        status = 130
     except BaseException:  # noqa: BLE001 - reported as the interpreter would, then the same exit
         traceback.print_exc()
-        status = 1
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    finally:
+        try:
+            if "wandb" in sys.modules:
+                sys.modules["wandb"].teardown()  # what its exit handler would do (runs are finished by now)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
 
 
 def launched_as_rank() -> bool:
-    """Whether torchrun (or another launcher setting its variables) started this process as one of several."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """Whether torchrun (or another launcher setting its variables) started this process as one of several:
+    the variables `runtime.launch_environment` reads first."""
+    try:
+        return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
 
 
 def command(argv: list[str] | None) -> None:
@@ -136,6 +147,10 @@ def command(argv: list[str] | None) -> None:
             for root in roots:
                 print(f"\n{root}\n{format_table(*load_summaries(root))}")
             return
+    if any(job.cfg.train.deterministic for job in jobs):
+        from .lifecycle.run import DETERMINISTIC_CUBLAS
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)  # cuBLAS reads it once
     sys.argv = [sys.argv[0], *argv]
     try:
         train()

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -139,44 +140,31 @@ def test_checkpoint_random_states_come_back_on_the_cpu(tmp_path):
     torch.Generator().set_state(state["batches"]["epoch_start_state"])
 
 
-def test_callback_states_come_back_beside_the_model(tmp_path):
-    """The checkpoint is read onto the CPU; a callback's tensors go to the model's device as they are restored
-    (on a GPU, the model update's F(x, theta_0) stayed on the CPU and the resumed run failed at its first
-    logged step; the meta device stands in for the GPU here)."""
-    from types import SimpleNamespace
-
+def test_the_model_updates_reference_comes_back_beside_the_model(tmp_path):
+    """The checkpoint is read onto the CPU; the model update's F(x, theta_0) goes back to the device of the
+    outputs it is compared with (on a GPU it stayed on the CPU and the resumed run failed at its first logged
+    step; the meta device stands in for the GPU here)."""
     from deepnorm_exp.metrics.model_update import ModelUpdate
+    from deepnorm_exp.metrics.probe import Probe
     from deepnorm_exp.train import checkpoint
-    from deepnorm_exp.train.trainer import Callback
 
     cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "train.ckpt_every=3",
                                 "train.keep_checkpoint=true"])
     run_experiment(cfg, progress=False)
     (path,) = tmp_path.glob(f"*/*/{checkpoint.CHECKPOINT}")
-    state = checkpoint.load(path)
-    assert state["callbacks"][ModelUpdate.__name__]["initial"].device.type == "cpu"
+    saved = checkpoint.load(path)["callbacks"][ModelUpdate.__name__]
+    assert saved["initial"].device.type == "cpu"
 
-    class Received(Callback):
-        def __init__(self, name):
-            self.received, self._name = None, name
+    class OnMeta(Probe):  # a probe whose model lives on another device than the checkpoint's tensors
+        def __init__(self):
+            pass
 
-        @property
-        def name(self):
-            return self._name
+        def features(self, model):
+            return torch.empty(2, 3, device="meta")
 
-        def load_state_dict(self, state):
-            self.received = state
-
-    receivers = [Received(name) for name in state["callbacks"]]
-    ignore = SimpleNamespace(load_state_dict=lambda state: None)
-    trainer = SimpleNamespace(device=torch.device("meta"), model=ignore, optimizer=ignore, scheduler=ignore,
-                              batches=ignore, scaler=None, callbacks=receivers, step=0,
-                              runtime=SimpleNamespace(distributed=False, rank=0))
-    checkpoint.restore(trainer, state)
-    by_name = {r.name: r.received for r in receivers}
-    assert by_name[ModelUpdate.__name__]["initial"].device.type == "meta"
-    assert by_name == {**by_name, **{k: v for k, v in state["callbacks"].items() if k != ModelUpdate.__name__}}
-    assert torch.get_rng_state().equal(state["rng"]["torch"])  # the random-number states stay on the CPU
+    restored = ModelUpdate(OnMeta(), every=1, model=None)
+    restored.load_state_dict(saved)
+    assert restored.initial.device.type == "meta" and restored.initial.shape == saved["initial"].shape
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -197,3 +185,20 @@ def test_a_gpu_run_killed_and_resumed_gives_the_straight_runs_losses(tmp_path):
     losses = [[json.loads(line)["loss"] for line in next(root.glob("*/*/metrics.jsonl")).read_text().splitlines()]
               for root in (tmp_path / "straight", tmp_path / "killed")]
     assert losses[0] == losses[1]
+
+
+def test_deterministic_kernels_hold_for_the_run_and_leave_the_callers_setting(monkeypatch):
+    from deepnorm_exp.lifecycle.run import DETERMINISTIC_CUBLAS, deterministic_kernels
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the caller's own setting
+    try:
+        with deterministic_kernels(True):
+            assert torch.are_deterministic_algorithms_enabled()
+            assert not torch.is_deterministic_algorithms_warn_only_enabled()
+            assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == DETERMINISTIC_CUBLAS
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    with deterministic_kernels(False):
+        assert not torch.are_deterministic_algorithms_enabled()

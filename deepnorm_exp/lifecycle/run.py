@@ -60,7 +60,8 @@ def loss_scaler(train: DictConfig, device: torch.device) -> torch.amp.GradScaler
                                 growth_interval=train.loss_scale_window)
 
 
-FINAL = ("completed", "diverged")  # a re-run skips these; anything else resumes or starts over
+FINAL = ("completed", "diverged")
+DETERMINISTIC_CUBLAS = ":4096:8"  # cuBLAS's documented setting for reproducible results  # a re-run skips these; anything else resumes or starts over
 
 
 def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool | None = None,
@@ -111,21 +112,27 @@ def _run(cfg: DictConfig, runtime: Runtime, override_dirname: str, progress: boo
 
 @contextlib.contextmanager
 def deterministic_kernels(enabled: bool):
-    """torch.use_deterministic_algorithms for the run, then as it was. On CUDA, several kernels (embedding
-    and index backward, some attention backward) add with atomics in whatever order threads arrive, so two
-    runs of one config, or a run and its resume, differ in the last bits and then drift; on the CPU the
-    harness's runs repeat bit for bit without this. cuBLAS needs a fixed workspace for the same, read when
-    its handle is created (the run's first matrix product, after this)."""
+    """torch.use_deterministic_algorithms for the run, then as it was. On CUDA, several kernels (index and
+    scatter backward, some attention backward) add with atomics in whatever order threads arrive, so two
+    runs of one config, or a run and its resume, can differ in the last bits and then drift; on the CPU the
+    harness's runs repeat bit for bit without this. cuBLAS also needs a fixed workspace, which it reads once
+    per process: the command line sets it before CUDA starts (`deepnorm_exp.__main__`); a process that used
+    CUDA before this run without it (a notebook's earlier run) is told so."""
     if not enabled:
         yield
         return
-    before = torch.are_deterministic_algorithms_enabled()
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        if torch.cuda.is_initialized():
+            log.warning("train.deterministic: cuBLAS's workspace was set when this process first used CUDA; "
+                        "for bit-identical matrix products set CUBLAS_WORKSPACE_CONFIG=%s before it starts",
+                        DETERMINISTIC_CUBLAS)
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = DETERMINISTIC_CUBLAS
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(before)
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def _plan(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:

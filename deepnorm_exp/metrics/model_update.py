@@ -26,7 +26,9 @@ class ModelUpdate(Callback):
         return {"initial": self.initial}
 
     def load_state_dict(self, state: dict) -> None:
-        self.initial = state["initial"]
+        # Beside the outputs it is compared with (the checkpoint comes back on the CPU; on a GPU, a resumed
+        # run failed at its first logged step when this stayed there).
+        self.initial = state["initial"].to(self.initial.device)
 
     def after_backward(self, trainer: Trainer, out: StepOutput) -> None:
         if is_due(out.step, self.every, trainer.steps):

@@ -154,24 +154,12 @@ def restore(trainer: Trainer, state: dict) -> None:
     saved = state["callbacks"]
     for callback in trainer.callbacks:
         if callback.name in saved:
-            callback.load_state_dict(on_device(saved[callback.name], trainer.device))
+            callback.load_state_dict(saved[callback.name])
         else:
             log.info("%s: not in the checkpoint, starts fresh at step %d", callback.name, state["step"])
     trainer.step = state["step"]
     rngs = state.get("rngs") or [state["rng"]]  # a sharded checkpoint has every rank's
     set_rng_state(rngs[trainer.runtime.rank] if trainer.runtime.rank < len(rngs) else rngs[0])
-
-
-def on_device(state, device: torch.device):
-    """`state` with its tensors on `device`: `load` reads every tensor onto the CPU (the random-number states
-    must be there), and a callback's tensors (the model update's F(x, theta_0)) belong beside the model's."""
-    if isinstance(state, torch.Tensor):
-        return state.to(device)
-    if isinstance(state, dict):
-        return {key: on_device(value, device) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(on_device(value, device) for value in state)
-    return state
 
 
 class Checkpointer(Callback):

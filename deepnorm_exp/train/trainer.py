@@ -58,7 +58,9 @@ class Callback:
         """What a checkpoint must hold for this callback to continue as if the run never stopped."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict) -> None:
+        """`state` as `state_dict` returned it, read back onto the CPU (the checkpoint's random-number states
+        must be there): a callback puts its own tensors back where it uses them."""
 
 
 @contextlib.contextmanager
