@@ -58,3 +58,24 @@ def test_wider_brackets_and_noisier_seeds_widen_the_interval():
     noisy = fit_frontier_law(pd.DataFrame(cells("post", -0.5, width=1.1, jitter=0.5))).iloc[0]
     width = lambda r: r.slope_high - r.slope_low  # noqa: E731
     assert width(narrow) < width(wide) and width(narrow) < width(noisy)
+
+
+def test_brackets_so_far_read_the_finished_probes_as_the_sweeper_judges_them():
+    import pandas as pd
+
+    from deepnorm_exp.analysis.frontier_law import brackets_so_far
+
+    runs = pd.DataFrame([
+        # norm, depth, seed, lr, status, trained
+        ("post", 6, 0, 1e-3, "completed", True), ("post", 6, 0, 0.3, "diverged", None),
+        ("post", 6, 0, 0.0173, "completed", False),  # finished but stuck: unstable under stable_if=trained
+        ("post", 12, 0, 1e-3, "completed", False), ("post", 12, 0, 0.3, "interrupted", None),  # says nothing
+        ("pre", 6, 1, 1e-3, "completed", True), ("pre", 6, 1, 0.0173, "failed", None),  # an error, not a bound
+    ], columns=["norm", "depth", "seed", "train.lr", "status", "trained"])
+    got = brackets_so_far(runs).set_index(["norm", "depth", "seed"])
+    assert got.loc[("post", 6, 0)].tolist() == [3, 1e-3, 0.0173]
+    assert got.loc[("post", 12, 0), "probes"] == 1 and got.loc[("post", 12, 0), "min_unstable_lr"] == 1e-3
+    assert pd.isna(got.loc[("post", 12, 0), "max_stable_lr"])
+    assert got.loc[("pre", 6, 1)]["probes"] == 1 and pd.isna(got.loc[("pre", 6, 1), "min_unstable_lr"])
+    completed = brackets_so_far(runs, stable_if="completed").set_index(["norm", "depth", "seed"])
+    assert completed.loc[("post", 6, 0)].tolist() == [3, 0.0173, 0.3]  # finishing is enough there

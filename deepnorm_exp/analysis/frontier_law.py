@@ -68,3 +68,21 @@ def fit_frontier_law(frontier: pd.DataFrame, draws: int = 2000, seed: int = 0) -
             row["slope_low"], row["slope_high"] = np.quantile(slopes, [0.025, 0.975]).tolist()
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def brackets_so_far(runs: pd.DataFrame, stable_if: str = "trained") -> pd.DataFrame:
+    """Per (norm, depth, seed), from the probe runs finished so far (`load_runs` of an unfinished frontier
+    sweep): the largest rate seen stable and the smallest seen unstable, as the sweeper judges them
+    (`stable_if`: trained, or completed without diverging). Probes that failed or were stopped are left out:
+    they say nothing about stability. NaN: no probe on that side yet."""
+    finished = runs[runs["status"].isin(["completed", "diverged"])]
+    stable = finished["status"].eq("completed")
+    if stable_if == "trained":
+        stable &= finished["trained"].fillna(False).astype(bool)
+    probes = finished.assign(stable=stable.to_numpy(), lr=finished["train.lr"].astype(float))
+    rows = []
+    for (norm, depth, seed), cell in probes.groupby(["norm", "depth", "seed"]):
+        rows.append({"norm": norm, "depth": int(depth), "seed": int(seed), "probes": len(cell),
+                     "max_stable_lr": cell.loc[cell["stable"], "lr"].max(),
+                     "min_unstable_lr": cell.loc[~cell["stable"], "lr"].min()})
+    return pd.DataFrame(rows, columns=["norm", "depth", "seed", "probes", "max_stable_lr", "min_unstable_lr"])

@@ -22,7 +22,7 @@ import pandas as pd
 
 from . import comparison_table, plots
 from .claims import NOT_RUN, Evidence, judge
-from .frontier_law import fit_frontier_law
+from .frontier_law import brackets_so_far, fit_frontier_law
 from .timing import preset_time
 from ..lifecycle.summary import format_table, load_summaries
 
@@ -84,6 +84,16 @@ class Page:
         self.add(f"![{caption}]({FIGURE_DIR}/{path.name})\n*{caption}*")
 
 
+def sweeper_setting(study: Path, key: str, default):
+    """A setting of the sweeper that ran `study`, from the multirun.yaml Hydra leaves in the sweep directory."""
+    from omegaconf import OmegaConf
+
+    path = study / "multirun.yaml"
+    if not path.exists():
+        return default
+    return OmegaConf.select(OmegaConf.load(path), f"hydra.sweeper.{key}", default=default)
+
+
 def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
     def depth_sweep(name: str) -> Callable[[Page], None]:
         def write(page: Page) -> None:
@@ -98,7 +108,14 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
     def frontier(page: Page) -> None:
         cells = evidence.frontier("frontier_depth")
         if cells.empty:
-            page.add("The sweep has not finished: `frontier.json` is written when every cell is settled.")
+            page.add("The sweep has not finished: `frontier.json`, and the law, come when every cell is settled.")
+            runs = evidence.runs("frontier_depth")
+            if not runs.empty:
+                stable_if = sweeper_setting(evidence.root / "frontier_depth", "stable_if", "trained")
+                page.add(f"The brackets so far, from the {len(runs)} probe runs made (stable: {stable_if}, the "
+                         "sweep's `stable_if`; an empty end: no probe on that side yet):",
+                         markdown_table(brackets_so_far(runs, stable_if).sort_values(["norm", "depth", "seed"]),
+                                        index=False))
             return
         fit = fit_frontier_law(cells)
         law = fit.copy()
