@@ -72,7 +72,7 @@ def test_brackets_so_far_read_the_finished_probes_as_the_sweeper_judges_them():
         ("post", 12, 0, 1e-3, "completed", False), ("post", 12, 0, 0.3, "interrupted", None),  # says nothing
         ("pre", 6, 1, 1e-3, "completed", True), ("pre", 6, 1, 0.0173, "failed", None),  # an error, not a bound
     ], columns=["norm", "depth", "seed", "train.lr", "status", "trained"])
-    got = brackets_so_far(runs).set_index(["norm", "depth", "seed"])
+    got = brackets_so_far(runs, stable_if="trained").set_index(["norm", "depth", "seed"])
     assert got.loc[("post", 6, 0)].tolist() == [3, 1e-3, 0.0173]
     assert got.loc[("post", 12, 0), "probes"] == 1 and got.loc[("post", 12, 0), "min_unstable_lr"] == 1e-3
     assert pd.isna(got.loc[("post", 12, 0), "max_stable_lr"])

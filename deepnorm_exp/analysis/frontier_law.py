@@ -70,16 +70,17 @@ def fit_frontier_law(frontier: pd.DataFrame, draws: int = 2000, seed: int = 0) -
     return pd.DataFrame(rows)
 
 
-def brackets_so_far(runs: pd.DataFrame, stable_if: str = "trained") -> pd.DataFrame:
+def brackets_so_far(runs: pd.DataFrame, stable_if: str) -> pd.DataFrame:
     """Per (norm, depth, seed), from the probe runs finished so far (`load_runs` of an unfinished frontier
-    sweep): the largest rate seen stable and the smallest seen unstable, as the sweeper judges them
-    (`stable_if`: trained, or completed without diverging). Probes that failed or were stopped are left out:
-    they say nothing about stability. NaN: no probe on that side yet."""
+    sweep): the largest rate seen stable and the smallest seen unstable, judged by the sweeper's rule
+    (`finished_stable`, with its `stable_if`). Probes that failed or were stopped are left out: they say
+    nothing about stability. NaN: no probe on that side yet."""
+    from ..sweeps.frontier import finished_stable
+
     finished = runs[runs["status"].isin(["completed", "diverged"])]
-    stable = finished["status"].eq("completed")
-    if stable_if == "trained":
-        stable &= finished["trained"].fillna(False).astype(bool)
-    probes = finished.assign(stable=stable.to_numpy(), lr=finished["train.lr"].astype(float))
+    stable = [finished_stable(status, trained, stable_if) for status, trained in
+              zip(finished["status"], finished["trained"].where(finished["trained"].notna(), False))]
+    probes = finished.assign(stable=stable, lr=finished["train.lr"].astype(float))
     rows = []
     for (norm, depth, seed), cell in probes.groupby(["norm", "depth", "seed"]):
         rows.append({"norm": norm, "depth": int(depth), "seed": int(seed), "probes": len(cell),

@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
 
+def finished_stable(status: str, trained, stable_if: str) -> bool:
+    """Whether a probe that finished (`status` completed or diverged) was stable: not diverged, and under
+    `stable_if: trained` also learned (summary.trained). The sweeper's rule, and the analysis's."""
+    return status == "completed" and (bool(trained) if stable_if == "trained" else True)
+
+
 def round_lr(lr: float) -> float:
     """Probe learning rates at 3 significant digits: readable run names, and the rate the run used."""
     return float(f"{lr:.3g}")

@@ -73,22 +73,22 @@ class FrontierSweeper(Sweeper):
     def _stable(self, result: JobReturn) -> Union[bool, str]:
         """True/False for a run that ended stable/diverged; for one that failed, its error. A run that was
         interrupted, or that another process is running, stops the sweep (resumable) instead: it failed nothing."""
+        from deepnorm_exp.sweeps.frontier import finished_stable
+
         if result.status != JobStatus.COMPLETED:
             return f"{type(result._return_value).__name__}: {result._return_value}"
         summary = result.return_value
         if not isinstance(summary, dict):
             return "the job ended before its run started (see its log)"
-        if summary.get("status") == "diverged":
-            return False
         if summary.get("status") == "interrupted":  # preempted or stopped: says nothing; settling the cell would
             raise RuntimeError(f"{summary.get('run_dir')} was interrupted ({summary.get('error')}): a stopped probe "
                                "says nothing about stability; re-run the same command to resume the sweep")
         if summary.get("status") == "skipped":  # another process (a second sweep of the same preset) holds it
             raise RuntimeError(f"{summary.get('run_dir')} is being run by another process ({summary.get('reason')}): "
                                "one sweep of a frontier at a time; re-run this command once that one ends")
-        if summary.get("status") != "completed":
+        if summary.get("status") not in ("completed", "diverged"):
             return summary.get("error") or summary.get("reason") or f"status {summary.get('status')}"
-        return bool(summary.get("trained")) if self.stable_if == "trained" else True
+        return finished_stable(summary["status"], summary.get("trained"), self.stable_if)
 
     def planned_jobs(self, arguments: List[str]) -> List[List[str]]:
         """The cells: the grid of the sweep's other axes (glob, range and the rest of Hydra's grammar), each
