@@ -16,6 +16,7 @@ import deepnorm_exp
 from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_records, load_scalars,
                                    plots)
 from deepnorm_exp.analysis.report import write_report
+from deepnorm_exp.analysis.results import readme_blocks
 
 from conftest import REPO, TINY, run_cli
 
@@ -281,3 +282,29 @@ def test_make_results_writes_the_page_and_the_readme_blocks_from_a_tiny_sweep(sw
     assert "| `paper_depth_sweep_encdec` | `python -m deepnorm_exp -m experiment=paper_depth_sweep_encdec` | not run yet |" in text
     assert all(s["run_name"] in text for s in summaries)
     assert re.search(r"Of the paper's 15 claims checked in \[docs/results.md\]", text)
+
+
+@pytest.mark.slow
+def test_the_readme_zoo_block_is_the_zoo_sweeps_table_with_its_time_and_reference_levels(sweep, tmp_path):
+    """The README's zoo table comes from runs/zoo_depth_sweep (here the tiny sweep's runs): each cell checked
+    against the summaries read here, the untrained count against their `trained` flags."""
+    root = tmp_path / "runs"
+    shutil.copytree(sweep, root / "zoo_depth_sweep")
+    blocks = readme_blocks(root)
+    assert "quickstart" not in blocks  # a study without runs leaves its block alone
+    block = blocks["zoo"]
+    summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
+    assert block.startswith("**Measured** (`python -m deepnorm_exp -m experiment=zoo_depth_sweep`, 2 seeds; ")
+    assert re.search(r"; \d+ (s|min \d\d s) elapsed; 13 runs", block)
+    unigram = {round(s["unigram_loss"], 3) for s in summaries}
+    assert len(unigram) == 1 and f"(unigram {unigram.pop():.3f} = learned nothing" in block
+    rows = {line.split(" | ")[0].strip("| "): [c.strip() for c in line.strip("|").split("|")[1:]]
+            for line in block.splitlines() if line.startswith("| ") and not line.startswith("| norm")}
+    assert set(rows) == {"post", "pre", "deepnorm"}
+    for norm in rows:
+        for column, depth in enumerate((2, 6)):
+            group = [s for s in summaries if (s["norm"], s["depth"]) == (norm, depth) and s["status"] != "diverged"]
+            losses = [s["eval_loss"] for s in group]
+            assert rows[norm][column].startswith(f"{np.mean(losses):.3f} ± {np.std(losses, ddof=1):.3f}")
+            stuck = sum(not s["trained"] for s in group)
+            assert (f"({stuck}/" in rows[norm][column]) == bool(stuck)

@@ -19,6 +19,7 @@ import pandas as pd
 
 from . import at_one_lr, comparison_table, load_frontier, load_layer_records, load_runs, load_scalars, plots
 from .frontier_law import fit_frontier_law
+from .tables import shared_value
 
 RUN_COLUMNS = ["run_name", "experiment", "norm", "depth", "seed", "train.lr", "status", "trained", "final_loss",
                "eval_loss", "excess_loss", "unigram_loss", "learned_fraction", "diverged_at_step", "steps_completed",
@@ -153,7 +154,7 @@ def build_report(root: str | Path) -> str:
         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>",
         "<h2>Eval loss by norm and depth</h2>",
         "<p>Mean ± standard deviation over the seeds that did not diverge; learned nothing = unigram loss "
-        f"{_level(runs, 'unigram_loss')}, optimal {_level(runs, 'optimal_loss')}.</p>",
+        f"{shared_value(runs, 'unigram_loss')}, optimal {shared_value(runs, 'optimal_loss')}.</p>",
         frame_table(comparison_table(runs), table_id="comparison"),
     ]
     if len(frontier):
@@ -177,11 +178,6 @@ def build_report(root: str | Path) -> str:
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>deepnorm_exp: '
             f"{html.escape(root.name)}</title><style>{STYLE}</style></head><body>{''.join(sections)}"
             f"<script>{SCRIPT}</script></body></html>")
-
-
-def _level(runs: pd.DataFrame, key: str) -> str:
-    values = runs[key].dropna().round(3).unique() if key in runs else []
-    return f"{values[0]:.3f}" if len(values) == 1 else ("varies" if len(values) else "unknown")
 
 
 def write_report(root: str | Path, out: Optional[str | Path] = None) -> Path:

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from . import comparison_table, plots
+from .tables import shared_value
 from .claims import NOT_RUN, Evidence, judge
 from .frontier_law import brackets_so_far, fit_frontier_law
 from .timing import preset_time
@@ -209,12 +210,15 @@ def _commit() -> str:
 # -- the README's generated blocks -------------------------------------------------------------------
 def readme_blocks(root: Path, evidence: Optional[Evidence] = None) -> dict[str, str]:
     """NAME -> the block's new text, for the studies that have runs: `quickstart` (its table and time),
-    `presets` (every preset's command and time here), `claims` (the verdicts' tally)."""
+    `zoo` (every scheme's eval loss by depth, and the sweep's time), `presets` (every preset's command and time
+    here), `claims` (the verdicts' tally)."""
     evidence, blocks = evidence or Evidence(root), {}
     if not evidence.runs("quickstart").empty:
         summaries, damaged = load_summaries(root / "quickstart")
         time = preset_time(root / "quickstart", evidence.runs("quickstart")).describe()
         blocks["quickstart"] = f"```\n{format_table(summaries, damaged)}\n```\n\nMeasured: {time}."
+    if not evidence.runs("zoo_depth_sweep").empty:
+        blocks["zoo"] = loss_table_block(evidence, root, "zoo_depth_sweep")
     if any(not evidence.runs(study.name).empty for study in STUDIES):
         blocks["presets"] = times_table(evidence, root)
     verdicts = judge(evidence)
@@ -223,6 +227,19 @@ def readme_blocks(root: Path, evidence: Optional[Evidence] = None) -> dict[str, 
         blocks["claims"] = (f"Of the paper's {len(verdicts)} claims checked in [docs/results.md](docs/results.md): "
                             + ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) + ".")
     return blocks
+
+
+def loss_table_block(evidence: Evidence, root: Path, name: str) -> str:
+    """A study's norm x depth eval-loss table with what it ran, how long it took and the data's reference
+    levels, for a README block."""
+    runs = evidence.runs(name)
+    steps = ", ".join(str(int(n)) for n in sorted(runs["steps"].dropna().unique()))
+    seeds = runs["seed"].nunique()
+    time = preset_time(root / name, runs).describe()
+    return (f"**Measured** (`python -m deepnorm_exp -m experiment={name}`, {seeds} seed{'s' * (seeds > 1)}; {time}): "
+            f"eval loss after {steps} steps (unigram {shared_value(runs, 'unigram_loss')} = learned nothing; "
+            f"optimal {shared_value(runs, 'optimal_loss')}); `(k/n untrained)`: completed without learning 10% of "
+            "the gap (`trained: false`).\n\n" + markdown_table(comparison_table(runs, untrained=True)))
 
 
 def update_readme(path: Path, blocks: dict[str, str]) -> list[str]:

@@ -29,3 +29,10 @@ def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss", untrained: b
     table = table[sorted(table.columns)]
     table.index.name, table.columns.name = "norm", "depth"
     return table.fillna("")
+
+
+def shared_value(runs: pd.DataFrame, key: str) -> str:
+    """The one value (3 decimals) that every run has for `key` (the data's unigram or optimal loss), else
+    "varies" or "unknown": a table's reference levels hold only when its runs share them."""
+    values = runs[key].dropna().round(3).unique() if key in runs else []
+    return f"{values[0]:.3f}" if len(values) == 1 else ("varies" if len(values) else "unknown")
