@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from deepnorm_exp.analysis.frontier_law import fit_frontier_law
+from deepnorm_exp.analysis.frontier_law import bracket_table, fit_frontier_law
 
 
 def cells(norm, slope, depths=(6, 12, 24, 50, 100), seeds=(0, 1), width=1.5, scale=1e-2, jitter=0.0):
@@ -79,3 +79,18 @@ def test_brackets_so_far_read_the_finished_probes_as_the_sweeper_judges_them():
     assert got.loc[("pre", 6, 1)]["probes"] == 1 and pd.isna(got.loc[("pre", 6, 1), "min_unstable_lr"])
     completed = brackets_so_far(runs, stable_if="completed").set_index(["norm", "depth", "seed"])
     assert completed.loc[("post", 6, 0)].tolist() == [3, 0.0173, 0.3]  # finishing is enough there
+
+
+def test_the_bracket_table_shows_each_cells_bracket_and_says_when_seeds_or_ends_differ():
+    rows = [{"norm": "post", "depth": "6", "seed": s, "max_stable_lr": 0.00204, "min_unstable_lr": 0.00416}
+            for s in ("0", "1")]
+    rows += [{"norm": "post", "depth": "12", "seed": s, "max_stable_lr": None, "min_unstable_lr": 0.001}
+             for s in ("0", "1")]
+    rows += [{"norm": "pre", "depth": "6", "seed": "1", "max_stable_lr": 0.147, "min_unstable_lr": 0.3},
+             {"norm": "pre", "depth": "6", "seed": "0", "max_stable_lr": 0.3, "min_unstable_lr": None},
+             {"norm": "pre", "depth": "12", "seed": "0", "max_stable_lr": None, "min_unstable_lr": None}]
+    table = bracket_table(pd.DataFrame(rows))
+    assert list(table.columns) == [6, 12] and list(table.index) == ["post", "pre"]
+    assert table.loc["post", 6] == "0.00204-0.00416" and table.loc["post", 12] == "< 0.001"
+    assert table.loc["pre", 6] == "> 0.3 / 0.147-0.3"  # seed 0, then seed 1
+    assert table.loc["pre", 12] == "error"

@@ -150,20 +150,39 @@ def frontier(post_slope: float) -> pd.DataFrame:
 
 def test_frontier_claim_reads_the_brackets_censored_cells_included():
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(-1.0)))
-    # Post-LN: 0.05/1.2 at L6 over 0.003*1.2 at L100; DeepNorm: 0.05*1.2 over 0.05/1.2
-    assert met and numbers.startswith("Post-LN's frontier fell by at least 11.6x from L6 to L100; DeepNorm's by "
-                                      "at most 1.44x from L6 to L100; fitted slopes of log lr on log depth: deepnorm 0.00")
-    assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(0.0)))[0] is False
+    # Post-LN: 0.05/1.2 at L6 over 0.003*1.2 at L100 at least; DeepNorm: 0.05*1.2 over 0.05/1.2 at most
+    assert met and numbers.startswith("Post-LN's frontier fell from L6 to L100 by 11.6x to 24x; DeepNorm's from L6 "
+                                      "to L100 by 0.694x to 1.44x; fitted slopes of log lr on log depth: deepnorm 0.00")
+    # Both flat: the brackets overlap, both closed, so their midpoints decide (equal: not reproduced)
+    met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(0.0)))
+    assert met is False and "(midpoints: Post-LN 1x, DeepNorm 1x)" in numbers
     # Post-LN unstable even at lr_min (1e-3) at L50 and L100: the strongest evidence, which the fit leaves out
     censored = frontier(-0.2)
     deep_post = (censored.norm == "post") & censored.depth.isin(["50", "100"])
     censored.loc[deep_post, ["max_stable_lr", "min_unstable_lr"]] = [None, 1e-3]
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=censored))
-    assert met and "fell by at least 41.7x" in numbers and "(censored at [50, 100])" in numbers
+    assert met and "by at least 41.7x, with no upper bound (unstable even at the range's lowest rate at L50, L100)" \
+        in numbers and "(censored at [50, 100])" in numbers
     # DeepNorm stable at lr_max at its shallowest depth: how far it fell has no bound
     open_top = frontier(-1.0)
     open_top.loc[(open_top.norm == "deepnorm") & (open_top.depth == "6"), "min_unstable_lr"] = None
     assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=open_top))[0] is None
+    # DeepNorm surely fell more than Post-LN can have: not reproduced, whatever the midpoints
+    assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(1.0)))[0] is False
+
+
+def test_frontier_claim_cannot_decide_when_post_ln_falls_out_of_the_range_no_further_than_deepnorm_may():
+    """The pattern this project's frontier sweep measured: Post-LN brackets at L6 and below lr_min deeper, so
+    its fall is at least 2.04x with no upper bound; DeepNorm's lies between 1x and 4.16x. Neither "surely more"
+    nor "surely not": the verdict says the data cannot decide (before the fix: "not reproduced")."""
+    cells = []
+    for norm, depth, lo, hi in (("post", 6, 0.00204, 0.00416), ("post", 100, None, 0.001),
+                                ("deepnorm", 6, 0.00204, 0.00416), ("deepnorm", 100, 0.001, 0.00204)):
+        cells += [dict(norm=norm, depth=str(depth), seed=seed, max_stable_lr=lo, min_unstable_lr=hi, runs=5)
+                  for seed in (0, 1)]
+    met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=pd.DataFrame(cells)))
+    assert met is None and "by at least 2.04x, with no upper bound (unstable even at the range's lowest rate " \
+        "at L100); DeepNorm's from L6 to L100 by 1x to 4.16x" in numbers and "cannot tell which fell more" in numbers
 
 
 def test_divergence_timing_and_verdicts():
@@ -230,3 +249,14 @@ def test_every_claim_states_its_study_and_rule(claim):
     from pathlib import Path
 
     assert claim.rule and (Path(__file__).parents[1] / "conf" / "experiment" / f"{claim.study}.yaml").is_file()
+
+
+def test_an_empty_readme_block_is_filled(tmp_path):
+    """A block added to the README with nothing in it yet (its study not run) is filled once the study has
+    run; before the fix the pattern needed a line between the markers, so the block stayed empty."""
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- results:x -->\n<!-- /results:x -->\nb\n")
+    assert update_readme(readme, {"x": "table"}) == ["x"]
+    assert readme.read_text() == "a\n<!-- results:x -->\ntable\n<!-- /results:x -->\nb\n"
+    assert update_readme(readme, {"x": "again"}) == ["x"]  # and rewritten the next time
+    assert readme.read_text() == "a\n<!-- results:x -->\nagain\n<!-- /results:x -->\nb\n"

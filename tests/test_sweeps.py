@@ -2,6 +2,7 @@
 at once, and the stability-frontier sweeper, end to end through the real CLI on tiny models."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,20 @@ def test_frontier_sweeper_probes_learning_rates_as_ordinary_runs(tiny, runs_root
     assert f"({report['runs_spent']} probe runs; a grid at the same resolution would have taken 36)" in section
     law_table = section[section.index("| norm | slope | slope_low | slope_high |"):].split("\n\n")[0]
     assert [line.split(" | ")[0] for line in law_table.splitlines()[2:]] == ["| deepnorm", "| post"]
+    # each cell's bracket, from frontier.json as read here (one seed: one bracket a cell)
+    brackets = section[section.index("| norm | 2 | 3 |"):].split("\n\n")[0]
+    rows = {line.split(" | ")[0].strip("| "): [c.strip() for c in line.strip("|").split("|")[1:]]
+            for line in brackets.splitlines()[2:]}
+    for cell in report["cells"]:
+        lo, hi = cell["max_stable_lr"], cell["min_unstable_lr"]
+        text = "error" if lo is None and hi is None else f"< {hi:.3g}" if lo is None else (
+            f"> {lo:.3g}" if hi is None else f"{lo:.3g}-{hi:.3g}")
+        assert rows[cell["norm"]][int(cell["depth"]) - 2] == text
+    # ... and the README's frontier block, from the same records
+    from deepnorm_exp.analysis.results import readme_blocks
+
+    block = readme_blocks(runs_root.parent / "studies")["frontier"]
+    assert brackets in block and re.search(r"- (deepnorm|post): (slope -?\d|no slope)", block)
 
 
 def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_unchanged(tiny, runs_root):

@@ -265,34 +265,52 @@ def gradient_profile(norm: str, below: Optional[float] = None, above: Optional[f
 
 def frontier_flatter_for_deepnorm(e: Evidence):
     """On the brackets themselves, so that censored cells count: a Post-LN cell unstable even at lr_min bounds
-    its frontier from above by lr_min, the strongest evidence of a fall, which a fit has to leave out. Post-LN
-    fell by at least (its shallowest depth's smallest lower end) / (its deepest depth's largest upper end);
-    DeepNorm by at most (shallowest's largest upper end) / (deepest's smallest lower end)."""
+    its frontier from above by lr_min, the strongest evidence of a fall, which a fit has to leave out. Each
+    scheme's fall from its shallowest to its deepest depth lies between (shallowest's smallest lower end) /
+    (deepest's largest upper end) and (shallowest's largest upper end) / (deepest's smallest lower end).
+    Reproduced when Post-LN surely fell and surely fell more than DeepNorm; not reproduced when it surely did
+    not (it cannot have fallen, or DeepNorm surely fell at least as much); otherwise, with every bracket
+    closed, the brackets' geometric midpoints decide; with an open one the data cannot."""
     frontier = e.frontier("frontier_depth")
     if frontier.empty:
         return None, "the frontier sweep has not finished (no frontier.json)"
     cells = frontier_cells(frontier)
     cells = cells[~cells["error"]]
 
-    def fall(norm: str, at_least: bool) -> tuple[float, int, int]:
+    def fall(norm: str) -> tuple[float, float, int, int]:
+        """(at least, at most, shallowest depth, deepest depth); an open end makes a bound 0 or infinite."""
         of = cells[cells["norm"] == norm]
         if of["depth"].nunique() < 2:
-            return float("nan"), 0, 0
+            return float("nan"), float("nan"), 0, 0
         shallow, deep = of[of["depth"] == of["depth"].min()], of[of["depth"] == of["depth"].max()]
-        if at_least:
-            return shallow["lo"].fillna(0).min() / deep["hi"].fillna(np.inf).max(), of["depth"].min(), of["depth"].max()
-        return shallow["hi"].fillna(np.inf).max() / deep["lo"].fillna(0).min(), of["depth"].min(), of["depth"].max()
+        with np.errstate(divide="ignore"):  # an open end: 0 or infinity, as meant
+            at_least = np.float64(shallow["lo"].fillna(0).min()) / deep["hi"].fillna(np.inf).max()
+            at_most = np.float64(shallow["hi"].fillna(np.inf).max()) / deep["lo"].fillna(0).min()
+        return at_least, at_most, of["depth"].min(), of["depth"].max()
 
-    (post, p0, p1), (deepnorm, d0, d1) = fall("post", True), fall("deepnorm", False)
+    def between(low: float, high: float) -> str:
+        return f"by {low:.3g}x to {high:.3g}x" if np.isfinite(high) else f"by at least {low:.3g}x, with no upper bound"
+
+    (post_low, post_high, p0, p1), (dn_low, dn_high, d0, d1) = fall("post"), fall("deepnorm")
     law = fit_frontier_law(frontier).set_index("norm")
     slopes = "; ".join(f"{n} {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]" +
                        (f" (censored at {list(r['censored_depths'])})" if r["censored"] else "")
                        for n, r in law.iterrows() if np.isfinite(r["slope"]))
-    text = (f"Post-LN's frontier fell by at least {post:.3g}x from L{p0} to L{p1}; DeepNorm's by at most "
-            f"{deepnorm:.3g}x from L{d0} to L{d1}" + (f"; fitted slopes of log lr on log depth: {slopes}" if slopes else ""))
-    if not np.isfinite(deepnorm) or not np.isfinite(post):
-        return None, text + " (a bracket open on the side that bounds the fall)"
-    return bool(post > 1 and post > deepnorm), text
+    if not _finite(post_low, dn_low):
+        return None, "Post-LN and DeepNorm each need cells at two depths"
+    below = sorted(cells.loc[(cells["norm"] == "post") & cells["lo"].isna(), "depth"].unique().tolist())
+    text = (f"Post-LN's frontier fell from L{p0} to L{p1} {between(post_low, post_high)}"
+            + (f" (unstable even at the range's lowest rate at {', '.join(f'L{d}' for d in below)})" if below else "")
+            + f"; DeepNorm's from L{d0} to L{d1} {between(dn_low, dn_high)}"
+            + (f"; fitted slopes of log lr on log depth: {slopes}" if slopes else ""))
+    if post_low > 1 and post_low > dn_high:
+        return True, text
+    if post_high <= 1 or post_high <= dn_low:
+        return False, text
+    if _finite(post_high, dn_high) and post_low > 0 and dn_low > 0:
+        post_mid, dn_mid = np.sqrt(post_low * post_high), np.sqrt(dn_low * dn_high)
+        return bool(post_mid > 1 and post_mid > dn_mid), text + f" (midpoints: Post-LN {post_mid:.3g}x, DeepNorm {dn_mid:.3g}x)"
+    return None, text + " (the brackets overlap and one is open: the data cannot tell which fell more)"
 
 
 def divergence_is_early(e: Evidence):
@@ -355,7 +373,8 @@ CLAIMS = [
     Claim("DeepNorm widens the stable region: Post-LN's largest stable learning rate falls with depth, "
           "DeepNorm's much less.", "frontier_depth",
           "from the brackets (censored cells included): Post-LN's frontier fell from its shallowest to its deepest "
-          "depth by a factor that is surely over 1 and over the most DeepNorm's can have fallen",
+          "depth by a factor that is surely over 1 and over the most DeepNorm's can have fallen (not reproduced: "
+          "surely not; closed brackets that overlap: their midpoints decide; an open one: the data cannot)",
           frontier_flatter_for_deepnorm),
     Claim("Divergence happens early in training (why the paper's depth sweep trained only 8,000 steps).",
           "paper_depth_sweep", "at least 3/4 of the diverged runs of the two depth sweeps diverged in the first "

@@ -87,3 +87,26 @@ def brackets_so_far(runs: pd.DataFrame, stable_if: str) -> pd.DataFrame:
                      "max_stable_lr": cell.loc[cell["stable"], "lr"].max(),
                      "min_unstable_lr": cell.loc[~cell["stable"], "lr"].min()})
     return pd.DataFrame(rows, columns=["norm", "depth", "seed", "probes", "max_stable_lr", "min_unstable_lr"])
+
+
+def bracket_table(frontier: pd.DataFrame) -> pd.DataFrame:
+    """norm x depth: each cell's bracket "lo-hi" (the frontier lies between), "< lr_min" when unstable even at
+    the range's lowest rate, "> lr_max" when stable at its highest; a depth whose seeds disagree lists each
+    seed's, "/"-separated, in seed order; "error" for a probe that failed."""
+    cells = frontier_cells(frontier).sort_values(["norm", "depth", "seed"])
+
+    def bracket(lo: float, hi: float, error: bool) -> str:
+        if error:
+            return "error"
+        if np.isnan(lo):
+            return f"< {hi:.3g}"
+        return f"> {lo:.3g}" if np.isnan(hi) else f"{lo:.3g}-{hi:.3g}"
+
+    table = {}
+    for (norm, depth), group in cells.groupby(["norm", "depth"], sort=True):
+        texts = list(dict.fromkeys(bracket(*row) for row in group[["lo", "hi", "error"]].itertuples(index=False)))
+        table.setdefault(norm, {})[depth] = " / ".join(texts) if len(texts) > 1 else texts[0]
+    frame = pd.DataFrame(table).T
+    frame = frame[sorted(frame.columns)]
+    frame.index.name, frame.columns.name = "norm", "depth"
+    return frame.fillna("")

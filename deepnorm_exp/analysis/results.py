@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
 import pandas as pd
 
 from . import comparison_table, plots
 from .tables import shared_value
 from .claims import NOT_RUN, Evidence, judge
-from .frontier_law import brackets_so_far, fit_frontier_law
+from .frontier_law import bracket_table, brackets_so_far, fit_frontier_law
 from .timing import preset_time
 from ..lifecycle.summary import format_table, load_summaries
 
@@ -122,6 +123,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
         law = fit.copy()
         law["depths"] = law["depths"].map(lambda ds: ", ".join(map(str, ds)))
         law["censored_depths"] = law["censored_depths"].map(lambda ds: ", ".join(map(str, ds)))
+        page.add(frontier_brackets_text(cells))
         page.add("The law per scheme (slope: 95% interval over the brackets and the seeds; censored cells, whose "
                  "frontier lies outside the searched range, are left out of the fit and listed):",
                  markdown_table(law[["norm", "slope", "slope_low", "slope_high", "intercept", "cells", "censored",
@@ -156,6 +158,26 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             "paper_depth_sweep_encdec": depth_sweep("paper_depth_sweep_encdec"),
             "frontier_depth": frontier, "model_update": model_update,
             "quickstart": one_seed_table("quickstart"), "zoo_depth_sweep": one_seed_table("zoo_depth_sweep")}
+
+
+def frontier_brackets_text(cells: pd.DataFrame) -> str:
+    return ("Largest learning rate that trains, per scheme and depth: the bisection's bracket (the frontier lies "
+            "between; `<`: unstable even at the range's lowest rate; `>`: stable at its highest; seeds that differ "
+            "are listed in seed order, `/`-separated):\n\n" + markdown_table(bracket_table(cells)))
+
+
+def frontier_law_text(cells: pd.DataFrame) -> str:
+    """One line per scheme: the law's slope with its interval, or why there is none."""
+    lines = []
+    for _, row in fit_frontier_law(cells).iterrows():
+        censored = f"; censored at L{', L'.join(map(str, row['censored_depths']))}" if row["censored"] else ""
+        if np.isfinite(row["slope"]):
+            lines.append(f"- {row['norm']}: slope {row['slope']:.2f}, 95% interval [{row['slope_low']:.2f}, "
+                         f"{row['slope_high']:.2f}], from {row['cells']} cells at L{', L'.join(map(str, row['depths']))}"
+                         + censored)
+        else:
+            lines.append(f"- {row['norm']}: no slope (uncensored cells at fewer than two depths{censored})")
+    return "\n".join(lines)
 
 
 def claims_table(evidence: Evidence) -> str:
@@ -217,6 +239,15 @@ def readme_blocks(root: Path, evidence: Optional[Evidence] = None) -> dict[str, 
         summaries, damaged = load_summaries(root / "quickstart")
         time = preset_time(root / "quickstart", evidence.runs("quickstart")).describe()
         blocks["quickstart"] = f"```\n{format_table(summaries, damaged)}\n```\n\nMeasured: {time}."
+    frontier = evidence.frontier("frontier_depth")
+    if not frontier.empty:
+        runs = evidence.runs("frontier_depth")
+        time = preset_time(root / "frontier_depth", runs).describe()
+        seeds = frontier["seed"].nunique() if "seed" in frontier else 1
+        blocks["frontier"] = (f"**Measured** (`python -m deepnorm_exp -m experiment=frontier_depth`, {seeds} seed"
+                              f"{'s' * (seeds > 1)}; {time}). "
+                              + frontier_brackets_text(frontier) + "\n\nThe law, log(max stable lr) against "
+                              "log(depth):\n\n" + frontier_law_text(frontier))
     if not evidence.runs("zoo_depth_sweep").empty:
         blocks["zoo"] = loss_table_block(evidence, root, "zoo_depth_sweep")
     if any(not evidence.runs(study.name).empty for study in STUDIES):
@@ -246,8 +277,9 @@ def update_readme(path: Path, blocks: dict[str, str]) -> list[str]:
     """Replace each `<!-- results:NAME -->...<!-- /results:NAME -->` block that `blocks` has; the names done."""
     text, done = path.read_text(encoding="utf-8"), []
     for name, body in blocks.items():
-        pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.S)
-        text, n = pattern.subn(lambda m: m.group(1) + body + m.group(2), text)
+        # `.*?` may be empty: a block added before its study has run holds nothing between its markers
+        pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(<!-- /results:{name} -->)", re.S)
+        text, n = pattern.subn(lambda m: m.group(1) + body + "\n" + m.group(2), text)
         if n:
             done.append(name)
     path.write_text(text, encoding="utf-8")
