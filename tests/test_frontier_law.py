@@ -88,9 +88,10 @@ def test_the_bracket_table_shows_each_cells_bracket_and_says_when_seeds_or_ends_
              for s in ("0", "1")]
     rows += [{"norm": "pre", "depth": "6", "seed": "1", "max_stable_lr": 0.147, "min_unstable_lr": 0.3},
              {"norm": "pre", "depth": "6", "seed": "0", "max_stable_lr": 0.3, "min_unstable_lr": None},
+             {"norm": "pre", "depth": "6", "seed": "2", "max_stable_lr": 0.3, "min_unstable_lr": None},
              {"norm": "pre", "depth": "12", "seed": "0", "max_stable_lr": None, "min_unstable_lr": None}]
     table = bracket_table(pd.DataFrame(rows))
     assert list(table.columns) == [6, 12] and list(table.index) == ["post", "pre"]
     assert table.loc["post", 6] == "0.00204-0.00416" and table.loc["post", 12] == "< 0.001"
-    assert table.loc["pre", 6] == "> 0.3 / 0.147-0.3"  # seed 0, then seed 1
+    assert table.loc["pre", 6] == "> 0.3 / 0.147-0.3 / > 0.3"  # seeds 0, 1, 2: every seed's when they differ
     assert table.loc["pre", 12] == "error"

@@ -10,7 +10,7 @@ import pytest
 from deepnorm_exp.analysis import claims
 from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, Evidence
 from deepnorm_exp.analysis.results import markdown_table, update_readme
-from deepnorm_exp.analysis.timing import duration, preset_time
+from deepnorm_exp.analysis.timing import duration, preset_time, sweep_finished
 
 
 def evidence(**frames) -> Evidence:
@@ -151,8 +151,8 @@ def frontier(post_slope: float) -> pd.DataFrame:
 def test_frontier_claim_reads_the_brackets_censored_cells_included():
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(-1.0)))
     # Post-LN: 0.05/1.2 at L6 over 0.003*1.2 at L100 at least; DeepNorm: 0.05*1.2 over 0.05/1.2 at most
-    assert met and numbers.startswith("Post-LN's frontier fell from L6 to L100 by 11.6x to 24x; DeepNorm's from L6 "
-                                      "to L100 by 0.694x to 1.44x; fitted slopes of log lr on log depth: deepnorm 0.00")
+    assert met and numbers.startswith("Post-LN's frontier fell from L6 to L100 by 11.6x to 24x; DeepNorm's by "
+                                      "0.694x to 1.44x; fitted slopes of log lr on log depth: deepnorm 0.00")
     # Both flat: the brackets overlap, both closed, so their midpoints decide (equal: not reproduced)
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(0.0)))
     assert met is False and "(midpoints: Post-LN 1x, DeepNorm 1x)" in numbers
@@ -182,7 +182,40 @@ def test_frontier_claim_cannot_decide_when_post_ln_falls_out_of_the_range_no_fur
                   for seed in (0, 1)]
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=pd.DataFrame(cells)))
     assert met is None and "by at least 2.04x, with no upper bound (unstable even at the range's lowest rate " \
-        "at L100); DeepNorm's from L6 to L100 by 1x to 4.16x" in numbers and "cannot tell which fell more" in numbers
+        "at L100); DeepNorm's by 1x to 4.16x" in numbers and "cannot tell which fell more" in numbers
+
+
+def brackets(*cells) -> pd.DataFrame:
+    """(norm, depth, seed, max stable lr, min unstable lr) -> frontier.json's rows."""
+    return pd.DataFrame([dict(norm=n, depth=str(d), seed=s, max_stable_lr=lo, min_unstable_lr=hi, runs=5)
+                         for n, d, s, lo, hi in cells])
+
+
+def test_frontier_claim_bounds_each_fall_by_the_seeds_extremes():
+    """Seeds that disagree: the fall is at least (shallowest's smallest lower end) / (deepest's largest upper
+    end) and at most (shallowest's largest upper end) / (deepest's smallest lower end); any other pairing of
+    the seeds gives other numbers."""
+    frame = brackets(("post", 6, 0, 0.004, 0.008), ("post", 6, 1, 0.02, 0.04),
+                     ("post", 100, 0, 0.002, 0.004), ("post", 100, 1, 0.01, 0.02),
+                     *[("deepnorm", d, s, 0.01, 0.02) for d in (6, 100) for s in (0, 1)])
+    met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frame))
+    assert "Post-LN's frontier fell from L6 to L100 by 0.2x to 20x; DeepNorm's by 0.5x to 2x" in numbers
+    assert met is True and "(midpoints: Post-LN 2x, DeepNorm 1x)" in numbers  # closed brackets: midpoints decide
+
+
+def test_frontier_claim_compares_the_falls_over_the_depths_both_schemes_have():
+    """Post-LN's deepest cells failed (errors, not bounds): both falls are judged from L6 to L50, not Post-LN's
+    L6-L50 against DeepNorm's L6-L100 (DeepNorm's L100 would make it look as if it fell further)."""
+    frame = brackets(*[("post", 6, s, 0.02, 0.04) for s in (0, 1)], *[("post", 50, s, 0.002, 0.004) for s in (0, 1)],
+                     *[("post", 100, s, None, None) for s in (0, 1)],
+                     *[("deepnorm", 6, s, 0.02, 0.04) for s in (0, 1)], *[("deepnorm", 50, s, 0.01, 0.02) for s in (0, 1)],
+                     *[("deepnorm", 100, s, 0.0001, 0.0002) for s in (0, 1)])
+    met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frame))
+    assert numbers.startswith("Post-LN's frontier fell from L6 to L50 by 5x to 20x; DeepNorm's by 1x to 4x")
+    assert met is True
+    alone = frame[~((frame.norm == "deepnorm") & frame.depth.isin(["6", "50"]))]  # no common second depth
+    assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=alone)) == (
+        None, "Post-LN and DeepNorm need cells at two common depths")
 
 
 def test_divergence_timing_and_verdicts():
@@ -260,3 +293,23 @@ def test_an_empty_readme_block_is_filled(tmp_path):
     assert readme.read_text() == "a\n<!-- results:x -->\ntable\n<!-- /results:x -->\nb\n"
     assert update_readme(readme, {"x": "again"}) == ["x"]  # and rewritten the next time
     assert readme.read_text() == "a\n<!-- results:x -->\nagain\n<!-- /results:x -->\nb\n"
+
+
+def test_a_sweep_is_finished_when_its_latest_invocation_ended_and_every_run_is_final(tmp_path):
+    """What lets a README table block be rewritten: not a sweep in progress (the zoo's first two runs would
+    have replaced its fourteen rows) nor one that was stopped."""
+    done = pd.DataFrame({"status": ["completed", "diverged"]})
+    assert not sweep_finished(tmp_path, done)  # no sweep log
+    log = tmp_path / "sweeps.jsonl"
+    start = lambda i: json.dumps({"at": "2026-11-30T10:00:00+00:00", "event": "start", "id": i})  # noqa: E731
+    end = lambda i: json.dumps({"at": "2026-11-30T11:00:00+00:00", "event": "end", "id": i})  # noqa: E731
+    log.write_text(start("a") + "\n")
+    assert not sweep_finished(tmp_path, done)  # running, or killed
+    log.write_text("\n".join([start("a"), end("a")]) + "\n")
+    assert sweep_finished(tmp_path, done)
+    assert not sweep_finished(tmp_path, pd.DataFrame({"status": ["completed", "running"]}))
+    assert not sweep_finished(tmp_path, done.iloc[:0])
+    log.write_text("\n".join([start("a"), end("a"), start("b")]) + "\n")  # re-run, still going
+    assert not sweep_finished(tmp_path, done)
+    log.write_text("\n".join([start("a"), start("b"), end("b")]) + "\n")  # the stopped one re-run to its end
+    assert sweep_finished(tmp_path, done)

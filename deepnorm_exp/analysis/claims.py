@@ -266,7 +266,7 @@ def gradient_profile(norm: str, below: Optional[float] = None, above: Optional[f
 def frontier_flatter_for_deepnorm(e: Evidence):
     """On the brackets themselves, so that censored cells count: a Post-LN cell unstable even at lr_min bounds
     its frontier from above by lr_min, the strongest evidence of a fall, which a fit has to leave out. Each
-    scheme's fall from its shallowest to its deepest depth lies between (shallowest's smallest lower end) /
+    scheme's fall from the shallowest to the deepest depth both have lies between (shallowest's smallest lower end) /
     (deepest's largest upper end) and (shallowest's largest upper end) / (deepest's smallest lower end).
     Reproduced when Post-LN surely fell and surely fell more than DeepNorm; not reproduced when it surely did
     not (it cannot have fallen, or DeepNorm surely fell at least as much); otherwise, with every bracket
@@ -276,32 +276,35 @@ def frontier_flatter_for_deepnorm(e: Evidence):
         return None, "the frontier sweep has not finished (no frontier.json)"
     cells = frontier_cells(frontier)
     cells = cells[~cells["error"]]
+    # over the depths both have, so that the two falls span the same range (a depth whose cells all failed
+    # would otherwise shorten one scheme's span)
+    common = set(cells.loc[cells["norm"] == "post", "depth"]) & set(cells.loc[cells["norm"] == "deepnorm", "depth"])
+    if len(common) < 2:
+        return None, "Post-LN and DeepNorm need cells at two common depths"
+    shallowest, deepest = min(common), max(common)
 
-    def fall(norm: str) -> tuple[float, float, int, int]:
-        """(at least, at most, shallowest depth, deepest depth); an open end makes a bound 0 or infinite."""
+    def fall(norm: str) -> tuple[float, float]:
+        """(at least, at most) from the shallowest to the deepest common depth; an open end makes a bound 0
+        or infinite."""
         of = cells[cells["norm"] == norm]
-        if of["depth"].nunique() < 2:
-            return float("nan"), float("nan"), 0, 0
-        shallow, deep = of[of["depth"] == of["depth"].min()], of[of["depth"] == of["depth"].max()]
+        shallow, deep = of[of["depth"] == shallowest], of[of["depth"] == deepest]
         with np.errstate(divide="ignore"):  # an open end: 0 or infinity, as meant
             at_least = np.float64(shallow["lo"].fillna(0).min()) / deep["hi"].fillna(np.inf).max()
             at_most = np.float64(shallow["hi"].fillna(np.inf).max()) / deep["lo"].fillna(0).min()
-        return at_least, at_most, of["depth"].min(), of["depth"].max()
+        return at_least, at_most
 
     def between(low: float, high: float) -> str:
         return f"by {low:.3g}x to {high:.3g}x" if np.isfinite(high) else f"by at least {low:.3g}x, with no upper bound"
 
-    (post_low, post_high, p0, p1), (dn_low, dn_high, d0, d1) = fall("post"), fall("deepnorm")
+    (post_low, post_high), (dn_low, dn_high) = fall("post"), fall("deepnorm")
     law = fit_frontier_law(frontier).set_index("norm")
     slopes = "; ".join(f"{n} {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]" +
                        (f" (censored at {list(r['censored_depths'])})" if r["censored"] else "")
                        for n, r in law.iterrows() if np.isfinite(r["slope"]))
-    if not _finite(post_low, dn_low):
-        return None, "Post-LN and DeepNorm each need cells at two depths"
     below = sorted(cells.loc[(cells["norm"] == "post") & cells["lo"].isna(), "depth"].unique().tolist())
-    text = (f"Post-LN's frontier fell from L{p0} to L{p1} {between(post_low, post_high)}"
+    text = (f"Post-LN's frontier fell from L{shallowest} to L{deepest} {between(post_low, post_high)}"
             + (f" (unstable even at the range's lowest rate at {', '.join(f'L{d}' for d in below)})" if below else "")
-            + f"; DeepNorm's from L{d0} to L{d1} {between(dn_low, dn_high)}"
+            + f"; DeepNorm's {between(dn_low, dn_high)}"
             + (f"; fitted slopes of log lr on log depth: {slopes}" if slopes else ""))
     if post_low > 1 and post_low > dn_high:
         return True, text

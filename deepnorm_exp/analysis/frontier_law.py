@@ -10,6 +10,9 @@ range, so it is left out of the fit and counted, with its depth listed. Censorin
 is unstable even at lr_min exactly at its deepest depths; DeepNorm stable at lr_max where it is flattest),
 so a fit with censored depths is biased toward the uncensored depths' trend and its interval is too narrow:
 read `censored_depths` beside the slope. A cell whose probe failed (not diverged) is an error, not a bound.
+Each cell is placed in its bracket independently: seeds whose brackets coincide (a coarse bisection often
+gives both the same) count as two measurements, so with few bisection steps the interval is narrower than
+the brackets alone allow; `bracket_table` shows them.
 
 If the DeepNet paper's argument holds, Post-LN's frontier falls with depth (negative slope) and DeepNorm's
 stays nearly flat (slope near 0).
@@ -91,7 +94,7 @@ def brackets_so_far(runs: pd.DataFrame, stable_if: str) -> pd.DataFrame:
 
 def bracket_table(frontier: pd.DataFrame) -> pd.DataFrame:
     """norm x depth: each cell's bracket "lo-hi" (the frontier lies between), "< lr_min" when unstable even at
-    the range's lowest rate, "> lr_max" when stable at its highest; a depth whose seeds disagree lists each
+    the range's lowest rate, "> lr_max" when stable at its highest; a depth whose seeds disagree lists every
     seed's, "/"-separated, in seed order; "error" for a probe that failed."""
     cells = frontier_cells(frontier).sort_values(["norm", "depth", "seed"])
 
@@ -104,8 +107,8 @@ def bracket_table(frontier: pd.DataFrame) -> pd.DataFrame:
 
     table = {}
     for (norm, depth), group in cells.groupby(["norm", "depth"], sort=True):
-        texts = list(dict.fromkeys(bracket(*row) for row in group[["lo", "hi", "error"]].itertuples(index=False)))
-        table.setdefault(norm, {})[depth] = " / ".join(texts) if len(texts) > 1 else texts[0]
+        texts = [bracket(*row) for row in group[["lo", "hi", "error"]].itertuples(index=False)]
+        table.setdefault(norm, {})[depth] = texts[0] if len(set(texts)) == 1 else " / ".join(texts)
     frame = pd.DataFrame(table).T
     frame = frame[sorted(frame.columns)]
     frame.index.name, frame.columns.name = "norm", "depth"

@@ -5,7 +5,7 @@ one section per study (a preset of `conf/experiment/`), and the paper's claims j
 that has not run says so and gives its command. Nothing on the page is typed in: every number is read from
 the records by this module, and `--readme README.md` rewrites the README's generated blocks (between
 `<!-- results:NAME -->` and `<!-- /results:NAME -->`) from the same records, leaving a block whose study has
-no runs as it is.
+no runs, or (for a study's table) whose sweep has not finished, as it is.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from . import comparison_table, plots
 from .tables import shared_value
 from .claims import NOT_RUN, Evidence, judge
 from .frontier_law import bracket_table, brackets_so_far, fit_frontier_law
-from .timing import preset_time
+from .timing import preset_time, sweep_finished
 from ..lifecycle.summary import format_table, load_summaries
 
 FIGURE_DIR = "results"  # beside results.md
@@ -231,11 +231,12 @@ def _commit() -> str:
 
 # -- the README's generated blocks -------------------------------------------------------------------
 def readme_blocks(root: Path, evidence: Optional[Evidence] = None) -> dict[str, str]:
-    """NAME -> the block's new text, for the studies that have runs: `quickstart` (its table and time),
-    `zoo` (every scheme's eval loss by depth, and the sweep's time), `presets` (every preset's command and time
-    here), `claims` (the verdicts' tally)."""
+    """NAME -> the block's new text, for the studies that have runs: `quickstart` and `zoo` (the table and the
+    time, once the sweep has finished), `frontier` (each cell's bracket and the law, once frontier.json is
+    written), `presets` (every preset's command and time here), `claims` (the verdicts' tally)."""
     evidence, blocks = evidence or Evidence(root), {}
-    if not evidence.runs("quickstart").empty:
+    # A table's block waits for its whole sweep: a sweep in progress would replace it with a few rows.
+    if sweep_finished(root / "quickstart", evidence.runs("quickstart")):
         summaries, damaged = load_summaries(root / "quickstart")
         time = preset_time(root / "quickstart", evidence.runs("quickstart")).describe()
         blocks["quickstart"] = f"```\n{format_table(summaries, damaged)}\n```\n\nMeasured: {time}."
@@ -248,7 +249,7 @@ def readme_blocks(root: Path, evidence: Optional[Evidence] = None) -> dict[str, 
                               f"{'s' * (seeds > 1)}; {time}). "
                               + frontier_brackets_text(frontier) + "\n\nThe law, log(max stable lr) against "
                               "log(depth):\n\n" + frontier_law_text(frontier))
-    if not evidence.runs("zoo_depth_sweep").empty:
+    if sweep_finished(root / "zoo_depth_sweep", evidence.runs("zoo_depth_sweep")):
         blocks["zoo"] = loss_table_block(evidence, root, "zoo_depth_sweep")
     if any(not evidence.runs(study.name).empty for study in STUDIES):
         blocks["presets"] = times_table(evidence, root)

@@ -71,6 +71,19 @@ def _union_seconds(intervals: list[tuple[datetime.datetime, datetime.datetime]])
     return total
 
 
+def sweep_finished(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
+    """The latest invocation of the experiment's sweep wrote its end line and every run is final (completed or
+    diverged): its records are the whole sweep, not a sweep in progress or one that was stopped."""
+    log = [line for line in records.read_jsonl(Path(experiment_dir) / SWEEP_LOG) if "event" in line]
+    starts = [line for line in log if line["event"] == "start"]
+    if not starts or runs.empty:
+        return False
+    last = starts[-1]
+    after = log[log.index(last) + 1:]
+    ended = any(line["event"] == "end" and line.get("id") == last.get("id") for line in after)
+    return ended and bool(runs["status"].isin(["completed", "diverged"]).all())
+
+
 def preset_time(experiment_dir: str | Path, runs: pd.DataFrame) -> PresetTime:
     """`runs`: load_runs(experiment_dir) (the caller has them already)."""
     worker = float(pd.to_numeric(runs.get("wall_s", pd.Series(dtype=float)), errors="coerce").sum())
