@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from deepnorm_exp.analysis import claims
-from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, Evidence
+from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, UNFINISHED, Evidence
 from deepnorm_exp.analysis.results import markdown_table, update_readme
 from deepnorm_exp.analysis.timing import duration, preset_time, sweep_finished
 
@@ -19,6 +19,7 @@ def evidence(**frames) -> Evidence:
     for key, frame in frames.items():
         kind, study = key.split("_", 1)
         e._cache[kind, study] = frame
+        e._cache.setdefault(("finished", study), True)  # a finished sweep unless finished_<study>= says not
     return e
 
 
@@ -231,6 +232,10 @@ def test_divergence_timing_and_verdicts():
     first = claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(1)))
     assert (first.outcome, first.numbers) == (REPRODUCED, "Post-LN trained: L6 3/3, L100 1/3; at L100 pre 3/3, deepnorm 3/3")
     assert claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(3))).outcome == NOT_REPRODUCED
+    # a sweep still running (or stopped): no verdict from its first runs, however they read
+    running = claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(1), finished_paper_depth_sweep=False))
+    assert (running.outcome, running.numbers) == (UNFINISHED, f"{len(sweep(1))} runs so far; `python -m deepnorm_exp "
+                                                  "-m experiment=paper_depth_sweep` continues it")
 
 
 def test_preset_time_counts_each_invocation_to_its_end_or_its_last_finished_run(tmp_path):

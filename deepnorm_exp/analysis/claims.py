@@ -2,7 +2,9 @@
 
 A claim names the paper's statement, the study (experiment directory under `runs/`) that tests it, and a
 rule a measurement either meets or not; its check returns the verdict with the numbers it read. Where the
-study has not run, the verdict says so and gives the command; where the data cannot decide (no run diverged,
+study has not run, the verdict says so and gives the command; while its sweep has not finished (stopped, or
+running), no verdict is drawn from its first runs, which are the deepest and say nothing across depth; where
+the data cannot decide (no run diverged,
 a fit with one depth), it says "not testable here" and why. Thresholds are in the rules, in the open:
 changing one changes the page, never silently.
 """
@@ -18,9 +20,10 @@ import pandas as pd
 
 from .frontier_law import fit_frontier_law, frontier_cells
 from .runs import at_one_lr, load_frontier, load_layer_records, load_runs, load_scalars
+from .timing import sweep_finished
 
-REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_RUN = (
-    "reproduced at this scale", "not reproduced", "not testable here", "not run yet")
+REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_RUN, UNFINISHED = (
+    "reproduced at this scale", "not reproduced", "not testable here", "not run yet", "sweep not finished")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,12 @@ class Evidence:
     def frontier(self, study: str) -> pd.DataFrame:
         return self._get("frontier", study, lambda: load_frontier(self.root / study))
 
+    def finished(self, study: str) -> bool:
+        """Its sweep's latest invocation ended and every run is final (`timing.sweep_finished`)."""
+        if ("finished", study) not in self._cache:
+            self._cache["finished", study] = sweep_finished(self.root / study, self.runs(study))
+        return self._cache["finished", study]
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -70,6 +79,9 @@ class Claim:
             if self.needs:
                 return Verdict(NOT_TESTABLE, f"needs {self.needs}")
             return Verdict(NOT_RUN, f"`python -m deepnorm_exp -m experiment={self.study}`")
+        if not evidence.finished(self.study):
+            return Verdict(UNFINISHED, f"{len(evidence.runs(self.study))} runs so far; `python -m deepnorm_exp -m "
+                                       f"experiment={self.study}` continues it")
         met, numbers = self.check(evidence)
         return Verdict(NOT_TESTABLE if met is None else REPRODUCED if met else NOT_REPRODUCED, numbers)
 
