@@ -9,7 +9,7 @@ import pytest
 
 from deepnorm_exp.analysis import claims
 from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, UNFINISHED, Evidence
-from deepnorm_exp.analysis.results import markdown_table, update_readme
+from deepnorm_exp.analysis.results import build_results, markdown_table, update_readme
 from deepnorm_exp.analysis.timing import duration, preset_time, sweep_finished
 
 
@@ -318,3 +318,14 @@ def test_a_sweep_is_finished_when_its_latest_invocation_ended_and_every_run_is_f
     assert not sweep_finished(tmp_path, done)
     log.write_text("\n".join([start("a"), start("b"), end("b")]) + "\n")  # the stopped one re-run to its end
     assert sweep_finished(tmp_path, done)
+
+
+def test_the_results_page_marks_a_study_whose_sweep_has_not_finished(tmp_path):
+    runs = pd.DataFrame([run(n, d) for n in ("post", "pre") for d in (6, 100)])
+    page = build_results(tmp_path / "runs", tmp_path / "docs",
+                         evidence(runs_quickstart=runs, finished_quickstart=False)).read_text()
+    section = page[page.index("## Quick start"):].split("\n## ")[0]
+    assert "**The sweep has not finished** (4 runs so far; the same command continues it)" in section
+    assert "| post | 3.000 | 3.000 |" in section  # the partial table still shown
+    finished = build_results(tmp_path / "runs", tmp_path / "docs", evidence(runs_quickstart=runs)).read_text()
+    assert "has not finished**" not in finished

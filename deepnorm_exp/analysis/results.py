@@ -214,6 +214,9 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
         if evidence.runs(study.name).empty:
             page.add("Not run yet.")
             continue
+        if not evidence.finished(study.name):
+            page.add(f"**The sweep has not finished** ({len(evidence.runs(study.name))} runs so far; the same command "
+                     "continues it): what follows is partial, and the claims it tests wait for the rest.")
         sections[study.name](page)
     path = out / "results.md"
     path.write_text("\n".join(page.lines).rstrip() + "\n", encoding="utf-8")
