@@ -34,7 +34,7 @@ notebooks: $(STAMP)
 	$(PY) -m deepnorm_exp.analysis.notebooks runs/$(EXPERIMENT)
 
 # docs/results.md and its figures from every study under runs/, and the README's generated blocks (the
-# quick start's table, the claims' tally) from the same records: docs/results.md says which presets to run.
+# claims' tally, the presets' times, the quick start's, zoo's and frontier's tables) from the same records.
 RUNS ?= runs
 DOCS ?= docs
 README ?= README.md
