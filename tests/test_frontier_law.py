@@ -95,3 +95,16 @@ def test_the_bracket_table_shows_each_cells_bracket_and_says_when_seeds_or_ends_
     assert table.loc["post", 6] == "0.00204-0.00416" and table.loc["post", 12] == "< 0.001"
     assert table.loc["pre", 6] == "> 0.3 / 0.147-0.3 / > 0.3"  # seeds 0, 1, 2: every seed's when they differ
     assert table.loc["pre", 12] == "error"
+
+
+def test_the_frontier_figure_draws_censored_cells_as_arrows_at_the_ranges_end():
+    from deepnorm_exp.analysis.plots import frontier_law
+
+    rows = cells("post", -0.5)
+    for row in rows[2:]:  # depths 12-100: unstable even at lr_min, as Post-LN here
+        row["max_stable_lr"], row["min_unstable_lr"] = None, 1e-3
+    rows[0]["min_unstable_lr"] = None  # depth 6, seed 0: stable at lr_max
+    fig = frontier_law(pd.DataFrame(rows))
+    drawn = {line.get_gid(): line.get_xydata().tolist() for line in fig.axes[0].get_lines() if line.get_gid()}
+    assert drawn["censored-v-post"] == [[d, 1e-3] for d in (12, 12, 24, 24, 50, 50, 100, 100)]
+    assert drawn["censored-^-post"] == [[6, rows[0]["max_stable_lr"]]]

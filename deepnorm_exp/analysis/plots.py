@@ -149,8 +149,9 @@ def stability_map(runs: pd.DataFrame, frontier: Optional[pd.DataFrame] = None, l
 
 def frontier_law(frontier: pd.DataFrame, fit: Optional[pd.DataFrame] = None) -> Figure:
     """Max stable lr against depth, log-log, all schemes on one axis: each cell's bracket (largest stable to
-    smallest unstable rate) as a bar at its depth (seeds side by side), the fitted law as a line, its slope
-    and 95% interval in the legend (analysis/frontier_law.py)."""
+    smallest unstable rate) as a bar at its depth (seeds side by side), a censored cell as an arrow at the
+    range's end it passed (v: unstable even at the lowest rate; ^: stable at the highest), the fitted law as a
+    line, its slope and 95% interval in the legend (analysis/frontier_law.py)."""
     from .frontier_law import fit_frontier_law, frontier_cells
 
     if frontier is None or frontier.empty or "norm" not in frontier or "depth" not in frontier:
@@ -165,6 +166,13 @@ def frontier_law(frontier: pd.DataFrame, fit: Optional[pd.DataFrame] = None) -> 
         mid = np.sqrt(used["lo"] * used["hi"])
         ax.errorbar(used["depth"] * offsets, mid, yerr=[mid - used["lo"], used["hi"] - mid], fmt="o",
                     color=colors[norm], capsize=2, markersize=3)
+        # censored cells are the strongest evidence at the range's ends, so they are drawn, as arrows: the
+        # frontier lies below the lowest rate tried (unstable even there) or above the highest (stable there)
+        for marker, at, which in (("v", "hi", group["censored"] & group["lo"].isna()),
+                                  ("^", "lo", group["censored"] & group["hi"].isna())):
+            if which.any():
+                ax.plot(group.loc[which, "depth"], group.loc[which, at], marker, color=colors[norm], markersize=6,
+                        linestyle="none", gid=f"censored-{marker}-{norm}")
         row = fit[fit["norm"] == norm]
         if len(row) and np.isfinite(row["slope"].iloc[0]):
             r = row.iloc[0]
@@ -172,7 +180,9 @@ def frontier_law(frontier: pd.DataFrame, fit: Optional[pd.DataFrame] = None) -> 
             ax.plot(depths, np.exp(r["intercept"]) * depths ** r["slope"], color=colors[norm],
                     label=f"{norm}: slope {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]")
         else:
-            ax.plot([], [], "o", color=colors[norm], label=f"{norm}: no slope (fewer than 2 depths)")
+            ax.plot([], [], "o", color=colors[norm], label=f"{norm}: no slope (closed brackets at fewer than 2 depths)")
+    if cells["censored"].any():
+        ax.plot([], [], "v", color="0.4", linestyle="none", label="v / ^: frontier below / above the range")
     ax.set(yscale="log", xlabel="depth", ylabel="max stable learning rate")
     depth_axis(ax, cells["depth"])
     ax.grid(alpha=0.3, which="both")
