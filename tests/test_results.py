@@ -303,8 +303,9 @@ def test_an_empty_readme_block_is_filled(tmp_path):
 def test_a_sweep_is_finished_when_its_latest_invocation_ended_and_every_run_is_final(tmp_path):
     """What lets a README table block be rewritten: not a sweep in progress (the zoo's first two runs would
     have replaced its fourteen rows) nor one that was stopped."""
-    done = pd.DataFrame({"status": ["completed", "diverged"]})
-    assert not sweep_finished(tmp_path, done)  # no sweep log
+    done = pd.DataFrame({"status": ["completed", "diverged", "failed"]})  # a failure stays one when re-run
+    assert sweep_finished(tmp_path, done)  # no sweep log: runs made without -m, whole once final
+    assert not sweep_finished(tmp_path, pd.DataFrame({"status": ["completed", "interrupted"]}))
     log = tmp_path / "sweeps.jsonl"
     start = lambda i: json.dumps({"at": "2026-11-30T10:00:00+00:00", "event": "start", "id": i})  # noqa: E731
     end = lambda i: json.dumps({"at": "2026-11-30T11:00:00+00:00", "event": "end", "id": i})  # noqa: E731
@@ -318,6 +319,37 @@ def test_a_sweep_is_finished_when_its_latest_invocation_ended_and_every_run_is_f
     assert not sweep_finished(tmp_path, done)
     log.write_text("\n".join([start("a"), start("b"), end("b")]) + "\n")  # the stopped one re-run to its end
     assert sweep_finished(tmp_path, done)
+    # lines written before invocations had ids: paired by position
+    log.write_text("\n".join(json.dumps({"at": "2026-11-30T10:00:00+00:00", "event": e}) for e in ("start", "end")))
+    assert sweep_finished(tmp_path, done)
+    log.write_text(json.dumps({"at": "2026-11-30T10:00:00+00:00", "event": "start"}) + "\n")
+    assert not sweep_finished(tmp_path, done)
+
+
+def test_a_claim_is_withheld_while_its_sweep_runs_as_its_sweep_log_says(tmp_path):
+    """Through Evidence's own reading of runs/<study>/sweeps.jsonl (the other tests set `finished`)."""
+    e = Evidence(tmp_path)
+    e._cache["runs", "paper_depth_sweep"] = sweep(1)
+    (tmp_path / "paper_depth_sweep").mkdir()
+    log = tmp_path / "paper_depth_sweep" / "sweeps.jsonl"
+    log.write_text(json.dumps({"at": "2026-11-30T10:00:00+00:00", "event": "start", "id": "a"}) + "\n")
+    assert claims.CLAIMS[0].judge(e).outcome == UNFINISHED
+    with open(log, "a") as f:
+        f.write(json.dumps({"at": "2026-11-30T11:00:00+00:00", "event": "end", "id": "a"}) + "\n")
+    assert claims.CLAIMS[0].judge(e).outcome == UNFINISHED  # read once per Evidence; a new one sees the end
+    fresh = Evidence(tmp_path)
+    fresh._cache["runs", "paper_depth_sweep"] = sweep(1)
+    assert claims.CLAIMS[0].judge(fresh).outcome == REPRODUCED
+
+
+def test_divergence_timing_leaves_out_a_depth_sweep_in_progress():
+    early = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=20) for s in range(4)])
+    late = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=280) for s in range(8)])
+    e = evidence(runs_paper_depth_sweep=early, runs_paper_depth_sweep_encdec=late,
+                 finished_paper_depth_sweep_encdec=False)
+    met, numbers = claims.divergence_is_early(e)
+    assert met is True and numbers.endswith("(paper_depth_sweep_encdec left out: its sweep has not finished)")
+    assert claims.divergence_is_early(evidence(runs_paper_depth_sweep=early, runs_paper_depth_sweep_encdec=late))[0] is False
 
 
 def test_the_results_page_marks_a_study_whose_sweep_has_not_finished(tmp_path):

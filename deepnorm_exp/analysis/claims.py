@@ -330,18 +330,21 @@ def frontier_flatter_for_deepnorm(e: Evidence):
 
 def divergence_is_early(e: Evidence):
     """The depth sweeps at their own learning rate; not the frontier's probes, which diverge by design."""
-    runs = [e.at_one_lr(s) for s in ("paper_depth_sweep", "paper_depth_sweep_encdec")]
+    studies = ("paper_depth_sweep", "paper_depth_sweep_encdec")
+    unfinished = [s for s in studies if not e.runs(s).empty and not e.finished(s)]
+    left_out = f" ({', '.join(unfinished)} left out: its sweep has not finished)" if unfinished else ""
+    runs = [e.at_one_lr(s) for s in studies if s not in unfinished]
     runs = [r for r in runs if not r.empty]
     if not runs:
-        return None, "no depth sweep has run"
+        return None, "no depth sweep has run to its end" + left_out
     runs = pd.concat(runs, ignore_index=True)
     diverged = runs[runs["status"] == "diverged"]
     if diverged.empty:
-        return None, f"no run of the depth sweeps diverged ({len(runs)} runs)"
+        return None, f"no run of the depth sweeps diverged ({len(runs)} runs){left_out}"
     share = (diverged["diverged_at_step"] / diverged["steps"]).astype(float)
     return bool((share <= 1 / 3).mean() >= 0.75), (
         f"{len(diverged)} diverged runs; {(share <= 1 / 3).sum()} in the first third of their steps; median at "
-        f"{share.median():.0%} of the budget")
+        f"{share.median():.0%} of the budget{left_out}")
 
 
 def thousand_layers(e: Evidence):

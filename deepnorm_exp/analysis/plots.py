@@ -161,17 +161,17 @@ def frontier_law(frontier: pd.DataFrame, fit: Optional[pd.DataFrame] = None) -> 
     fig, (ax,) = panels(1, "Stability frontier across depth", width=6.0, height=4.2)
     colors = norm_colors(sorted(cells["norm"].unique()))
     for norm, group in cells.groupby("norm", sort=True):
+        x = group["depth"] * (1 + 0.03 * (group["seed"] - group["seed"].mean()))  # seeds side by side (log axis)
         used = group[~group["censored"] & ~group["error"]]
-        offsets = 1 + 0.03 * (used["seed"] - used["seed"].mean())  # seeds side by side, on a log axis
         mid = np.sqrt(used["lo"] * used["hi"])
-        ax.errorbar(used["depth"] * offsets, mid, yerr=[mid - used["lo"], used["hi"] - mid], fmt="o",
+        ax.errorbar(x[used.index], mid, yerr=[mid - used["lo"], used["hi"] - mid], fmt="o",
                     color=colors[norm], capsize=2, markersize=3)
         # censored cells are the strongest evidence at the range's ends, so they are drawn, as arrows: the
         # frontier lies below the lowest rate tried (unstable even there) or above the highest (stable there)
         for marker, at, which in (("v", "hi", group["censored"] & group["lo"].isna()),
                                   ("^", "lo", group["censored"] & group["hi"].isna())):
             if which.any():
-                ax.plot(group.loc[which, "depth"], group.loc[which, at], marker, color=colors[norm], markersize=6,
+                ax.plot(x[which], group.loc[which, at], marker, color=colors[norm], markersize=6,
                         linestyle="none", gid=f"censored-{marker}-{norm}")
         row = fit[fit["norm"] == norm]
         if len(row) and np.isfinite(row["slope"].iloc[0]):

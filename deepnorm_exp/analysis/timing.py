@@ -20,6 +20,9 @@ from .. import records
 from ..sweeps.hydra_callbacks import SWEEP_LOG
 
 
+FINAL_OR_FAILED = ("completed", "diverged", "failed")  # lifecycle.run.FINAL plus failed; without importing torch
+
+
 @dataclass(frozen=True)
 class PresetTime:
     runs: int
@@ -72,16 +75,21 @@ def _union_seconds(intervals: list[tuple[datetime.datetime, datetime.datetime]])
 
 
 def sweep_finished(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
-    """The latest invocation of the experiment's sweep wrote its end line and every run is final (completed or
-    diverged): its records are the whole sweep, not a sweep in progress or one that was stopped."""
+    """The experiment's runs are the whole of what it was asked, not a sweep in progress or one that was
+    stopped: every run is final (completed, diverged, or failed: a failure stays one when re-run) and the
+    latest sweep invocation wrote its end line. Runs made without -m (no sweep log) are whole when final.
+    Not seen: a sweep still running while a later one into the same directory has ended (its unfinished runs
+    have no summary yet)."""
+    if runs.empty or not runs["status"].isin(FINAL_OR_FAILED).all():
+        return False
     log = [line for line in records.read_jsonl(Path(experiment_dir) / SWEEP_LOG) if "event" in line]
     starts = [line for line in log if line["event"] == "start"]
-    if not starts or runs.empty:
-        return False
+    if not starts:
+        return True
     last = starts[-1]
     after = log[log.index(last) + 1:]
-    ended = any(line["event"] == "end" and line.get("id") == last.get("id") for line in after)
-    return ended and bool(runs["status"].isin(["completed", "diverged"]).all())
+    # lines written before invocations had ids pair by position: None == None
+    return any(line["event"] == "end" and line.get("id") == last.get("id") for line in after)
 
 
 def preset_time(experiment_dir: str | Path, runs: pd.DataFrame) -> PresetTime:
