@@ -135,6 +135,20 @@ def test_comparison_table_reports_mean_spread_and_divergence():
     assert table.loc["post", 100] == "4.200 (2/3 diverged)" and table.loc["pre", 6] == "3.100 ± 0.100"
 
 
+def test_a_stopped_or_failed_run_is_left_out_of_the_tables_and_the_depth_figure_and_counted():
+    """A run stopped mid-sweep keeps its last eval in its summary; read as final, it moved the paper sweep's
+    DeepNorm L200 mean from 4.365 to 4.433 on this project's own results page."""
+    runs = fake_runs()
+    stopped = runs[(runs["norm"] == "pre") & (runs["depth"] == 6)].iloc[:1].assign(status="interrupted", eval_loss=9.0,
+                                                                                  final_loss=9.0, seed=7)
+    failed = stopped.assign(status="failed", seed=8)
+    table = comparison_table(pd.concat([runs, stopped, failed], ignore_index=True))
+    assert table.loc["pre", 6] == "3.100 ± 0.100 (2/5 failed or unfinished)"
+    fig = plots.depth_stability(pd.concat([runs, stopped, failed], ignore_index=True), metrics=("eval_loss",))
+    (pre,) = [bars for bars in fig.axes[0].containers if bars.get_label() == "pre"]
+    assert pre.lines[0].get_ydata()[0] == pytest.approx(3.1)  # depth 6: the two completed seeds' mean
+
+
 # -- a real tiny sweep --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):

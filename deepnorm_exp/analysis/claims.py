@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .frontier_law import fit_frontier_law, frontier_cells
-from .runs import at_one_lr, load_frontier, load_layer_records, load_runs, load_scalars
+from .runs import at_one_lr, load_frontier, load_layer_records, load_runs, load_scalars, outcomes
 from .timing import sweep_finished
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_RUN, UNFINISHED = (
@@ -90,12 +90,6 @@ class Claim:
 def trained(runs: pd.DataFrame) -> pd.Series:
     """Learned 10% of the unigram-to-optimal gap and did not diverge."""
     return runs["status"].eq("completed") & runs["trained"].eq(True)
-
-
-def outcomes(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs that say something about stability: completed or diverged. A run that failed (a crash, a
-    kill) or is unfinished says nothing; the checks leave it out and `_excluded` names how many."""
-    return runs[runs["status"].isin(["completed", "diverged"])]
 
 
 def _excluded(runs: pd.DataFrame) -> str:

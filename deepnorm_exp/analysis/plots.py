@@ -81,9 +81,13 @@ def _diverged(frame: pd.DataFrame) -> pd.Series:
     return frame["status"].eq("diverged") if "status" in frame else pd.Series(False, index=frame.index)
 
 
+def _completed(frame: pd.DataFrame) -> pd.Series:
+    return frame["status"].eq("completed") if "status" in frame else pd.Series(True, index=frame.index)
+
+
 # -- 1. depth stability --------------------------------------------------------------------------------
 def depth_stability(runs: pd.DataFrame, metrics: Sequence[str] = ("final_loss", "eval_loss", "excess_loss")) -> Figure:
-    """Loss vs depth per norm (log depth axis): mean over seeds of the runs that did not diverge, bars from
+    """Loss vs depth per norm (log depth axis): mean over seeds of the runs that completed, bars from
     the lowest to the highest seed; an x in the norm's colour at the top where any of its seeds diverged."""
     metrics = [m for m in metrics if m in runs and runs[m].notna().any()]
     if runs.empty or not metrics:
@@ -93,7 +97,7 @@ def depth_stability(runs: pd.DataFrame, metrics: Sequence[str] = ("final_loss", 
     for ax, metric in zip(axes, metrics):
         for norm in norms_in(runs):
             of_norm = runs[runs["norm"] == norm]
-            healthy = of_norm[~_diverged(of_norm) & of_norm[metric].notna()]
+            healthy = of_norm[_completed(of_norm) & of_norm[metric].notna()]  # not stopped runs' last evals
             stats = healthy.groupby("depth")[metric].agg(["mean", "min", "max"]).sort_index()
             line = ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
                                marker="o", capsize=3, label=norm, color=colors[norm])

@@ -100,8 +100,9 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
     def depth_sweep(name: str) -> Callable[[Page], None]:
         def write(page: Page) -> None:
             runs = evidence.at_one_lr(name)  # a preset's runs share one; a stray probe at another is not averaged in
-            page.add("Eval loss, mean ± std over seeds that did not diverge; (k/n diverged), (k/n untrained: "
-                     "completed without learning 10% of the gap from the unigram to the optimal loss).",
+            page.add("Eval loss, mean ± std over the seeds that completed; (k/n diverged), (k/n untrained: "
+                     "completed without learning 10% of the gap from the unigram to the optimal loss), (k/n failed "
+                     "or unfinished: stopped, running or crashed, left out).",
                      markdown_table(comparison_table(runs, untrained=True)))
             page.figure(f"{name}_depth_stability", plots.depth_stability(runs),
                         "Loss against depth per scheme (x: a depth where seeds diverged).")

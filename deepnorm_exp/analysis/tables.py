@@ -5,17 +5,21 @@ from __future__ import annotations
 import pandas as pd
 
 from .plots import norms_in
+from .runs import outcomes
 
 
 def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss", untrained: bool = False) -> pd.DataFrame:
-    """norm x depth: "mean ± std" of `metric` over the seeds that did not diverge, and "k/n diverged";
+    """norm x depth: "mean ± std" of `metric` over the seeds that completed, "k/n diverged" and "k/n failed or
+    unfinished" (runs left out);
     `untrained`: also "k/n untrained" (completed without learning 10% of the gap: summary.trained false)."""
     if runs.empty:
         return pd.DataFrame()
     cells: dict[str, dict[int, str]] = {}
     for (norm, depth), group in runs.groupby(["norm", "depth"]):
         diverged = int(group["status"].eq("diverged").sum())
-        values = group.loc[~group["status"].eq("diverged"), metric].dropna()
+        # only finished runs' losses: a stopped run's last eval would pass for a final one
+        values = group.loc[group["status"].eq("completed"), metric].dropna()
+        unfinished = len(group) - len(outcomes(group))
         text = f"{values.mean():.3f}" if len(values) else "–"
         if len(values) > 1:
             text += f" ± {values.std():.3f}"
@@ -24,6 +28,8 @@ def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss", untrained: b
         stuck = int((group["status"].eq("completed") & group["trained"].eq(False)).sum()) if untrained else 0
         if stuck:
             text += f" ({stuck}/{len(group)} untrained)"
+        if unfinished:
+            text += f" ({unfinished}/{len(group)} failed or unfinished)"
         cells.setdefault(norm, {})[int(depth)] = text
     table = pd.DataFrame(cells).T.reindex(norms_in(runs))
     table = table[sorted(table.columns)]
