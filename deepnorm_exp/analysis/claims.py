@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pandas as pd
@@ -38,7 +38,7 @@ class Evidence:
     def __init__(self, root: str | Path):
         self.root, self._cache = Path(root), {}
 
-    def _get(self, kind: str, study: str, load: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    def _get(self, kind: str, study: str, load: Callable[[], Any]) -> Any:
         if (kind, study) not in self._cache:
             self._cache[kind, study] = load()
         return self._cache[kind, study]
@@ -59,11 +59,14 @@ class Evidence:
     def frontier(self, study: str) -> pd.DataFrame:
         return self._get("frontier", study, lambda: load_frontier(self.root / study))
 
+    def frontier_law(self, study: str) -> pd.DataFrame:
+        """`fit_frontier_law` of its frontier, fitted once (2,000 draws; the claims, the page and the README
+        read it)."""
+        return self._get("frontier_law", study, lambda: fit_frontier_law(self.frontier(study)))
+
     def finished(self, study: str) -> bool:
         """Its sweep's latest invocation ended and every run is final (`timing.sweep_finished`)."""
-        if ("finished", study) not in self._cache:
-            self._cache["finished", study] = sweep_finished(self.root / study, self.runs(study))
-        return self._cache["finished", study]
+        return self._get("finished", study, lambda: sweep_finished(self.root / study, self.runs(study)))
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def trained(runs: pd.DataFrame) -> pd.Series:
 
 
 def _excluded(runs: pd.DataFrame) -> str:
-    n = int((~runs["status"].isin(["completed", "diverged"])).sum())
+    n = len(runs) - len(outcomes(runs))
     return f" ({n} failed or unfinished runs left out)" if n else ""
 
 
@@ -303,7 +306,7 @@ def frontier_flatter_for_deepnorm(e: Evidence):
         return f"by {low:.3g}x to {high:.3g}x" if np.isfinite(high) else f"by at least {low:.3g}x, with no upper bound"
 
     (post_low, post_high), (dn_low, dn_high) = fall("post"), fall("deepnorm")
-    law = fit_frontier_law(frontier).set_index("norm")
+    law = e.frontier_law("frontier_depth").set_index("norm")
     slopes = "; ".join(f"{n} {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]" +
                        (f" (censored at {list(r['censored_depths'])})" if r["censored"] else "")
                        for n, r in law.iterrows() if np.isfinite(r["slope"]))

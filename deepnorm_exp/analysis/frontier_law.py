@@ -79,8 +79,9 @@ def brackets_so_far(runs: pd.DataFrame, stable_if: str) -> pd.DataFrame:
     (`finished_stable`, with its `stable_if`). Probes that failed or were stopped are left out: they say
     nothing about stability. NaN: no probe on that side yet."""
     from ..sweeps.frontier import finished_stable
+    from .runs import outcomes
 
-    finished = runs[runs["status"].isin(["completed", "diverged"])]
+    finished = outcomes(runs)
     stable = [finished_stable(status, trained, stable_if) for status, trained in
               zip(finished["status"], finished["trained"].where(finished["trained"].notna(), False))]
     probes = finished.assign(stable=stable, lr=finished["train.lr"].astype(float))

@@ -24,8 +24,8 @@ import pandas as pd
 from . import comparison_table, plots
 from .tables import shared_value
 from .claims import NOT_RUN, Evidence, judge
-from .frontier_law import bracket_table, brackets_so_far, fit_frontier_law
-from .timing import preset_time, sweep_finished
+from .frontier_law import bracket_table, brackets_so_far
+from .timing import preset_time
 from ..lifecycle.summary import format_table, load_summaries
 
 FIGURE_DIR = "results"  # beside results.md
@@ -120,7 +120,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
                          markdown_table(brackets_so_far(runs, stable_if).sort_values(["norm", "depth", "seed"]),
                                         index=False))
             return
-        fit = fit_frontier_law(cells)
+        fit = evidence.frontier_law("frontier_depth")
         law = fit.copy()
         law["depths"] = law["depths"].map(lambda ds: ", ".join(map(str, ds)))
         law["censored_depths"] = law["censored_depths"].map(lambda ds: ", ".join(map(str, ds)))
@@ -167,10 +167,10 @@ def frontier_brackets_text(cells: pd.DataFrame) -> str:
             "are listed in seed order, `/`-separated):\n\n" + markdown_table(bracket_table(cells)))
 
 
-def frontier_law_text(cells: pd.DataFrame) -> str:
-    """One line per scheme: the law's slope with its interval, or why there is none."""
+def frontier_law_text(fit: pd.DataFrame) -> str:
+    """One line per scheme of `fit_frontier_law`'s rows: the slope with its interval, or why there is none."""
     lines = []
-    for _, row in fit_frontier_law(cells).iterrows():
+    for _, row in fit.iterrows():
         censored = f"; censored at L{', L'.join(map(str, row['censored_depths']))}" if row["censored"] else ""
         if np.isfinite(row["slope"]):
             lines.append(f"- {row['norm']}: slope {row['slope']:.2f}, 95% interval [{row['slope_low']:.2f}, "
@@ -240,7 +240,7 @@ def readme_blocks(root: Path, evidence: Optional[Evidence] = None) -> dict[str, 
     written), `presets` (every preset's command and time here), `claims` (the verdicts' tally)."""
     evidence, blocks = evidence or Evidence(root), {}
     # A table's block waits for its whole sweep: a sweep in progress would replace it with a few rows.
-    if sweep_finished(root / "quickstart", evidence.runs("quickstart")):
+    if evidence.finished("quickstart"):
         summaries, damaged = load_summaries(root / "quickstart")
         time = preset_time(root / "quickstart", evidence.runs("quickstart")).describe()
         blocks["quickstart"] = f"```\n{format_table(summaries, damaged)}\n```\n\nMeasured: {time}."
@@ -252,8 +252,8 @@ def readme_blocks(root: Path, evidence: Optional[Evidence] = None) -> dict[str, 
         blocks["frontier"] = (f"**Measured** (`python -m deepnorm_exp -m experiment=frontier_depth`, {seeds} seed"
                               f"{'s' * (seeds > 1)}; {time}). "
                               + frontier_brackets_text(frontier) + "\n\nThe law, log(max stable lr) against "
-                              "log(depth):\n\n" + frontier_law_text(frontier))
-    if sweep_finished(root / "zoo_depth_sweep", evidence.runs("zoo_depth_sweep")):
+                              "log(depth):\n\n" + frontier_law_text(evidence.frontier_law("frontier_depth")))
+    if evidence.finished("zoo_depth_sweep"):
         blocks["zoo"] = loss_table_block(evidence, root, "zoo_depth_sweep")
     if any(not evidence.runs(study.name).empty for study in STUDIES):
         blocks["presets"] = times_table(evidence, root)

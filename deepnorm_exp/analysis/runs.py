@@ -108,10 +108,13 @@ def load_frontier(root: str | Path) -> pd.DataFrame:
 
 
 
+ENDED = ("completed", "diverged")  # lifecycle.run.FINAL, without importing torch
+
+
 def outcomes(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs that ended (completed or diverged): what tables, figures and claims read. A run that failed (a
     crash) or is unfinished (stopped, still running) has no final loss and says nothing about stability."""
-    return runs[runs["status"].isin(["completed", "diverged"])] if "status" in runs else runs
+    return runs[runs["status"].isin(ENDED)] if "status" in runs else runs
 
 
 def at_one_lr(runs: pd.DataFrame, lr_key: str = "train.lr") -> tuple[pd.DataFrame, Optional[float]]:

@@ -18,9 +18,10 @@ import pandas as pd
 
 from .. import records
 from ..sweeps.hydra_callbacks import SWEEP_LOG
+from .runs import ENDED
 
 
-FINAL_OR_FAILED = ("completed", "diverged", "failed")  # lifecycle.run.FINAL plus failed; without importing torch
+FINAL_OR_FAILED = (*ENDED, "failed")  # a failure stays one when re-run
 
 
 @dataclass(frozen=True)
