@@ -361,3 +361,13 @@ def test_the_results_page_marks_a_study_whose_sweep_has_not_finished(tmp_path):
     assert "| post | 3.000 | 3.000 |" in section  # the partial table still shown
     finished = build_results(tmp_path / "runs", tmp_path / "docs", evidence(runs_quickstart=runs)).read_text()
     assert "has not finished**" not in finished
+
+
+def test_an_unfinished_frontier_is_said_to_be_unfinished_once(tmp_path):
+    probes = pd.DataFrame([run("post", 6, **{"train.lr": lr}, trained=lr < 1e-2) for lr in (1e-3, 1e-1)])
+    e = evidence(runs_frontier_depth=probes, frontier_frontier_depth=pd.DataFrame(), finished_frontier_depth=False)
+    page = build_results(tmp_path / "runs", tmp_path / "docs", e).read_text()
+    section = page[page.index("## Stability frontier"):].split("\n## ")[0]
+    assert section.count("not finished") == 1, section
+    assert "No `frontier.json` yet: it, and the law, come when every cell is settled." in section
+    assert "| post | 6 | 0 | 2 | 0.001 | 0.1 |" in section  # the brackets so far (2 probes)

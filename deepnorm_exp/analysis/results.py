@@ -111,7 +111,8 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
     def frontier(page: Page) -> None:
         cells = evidence.frontier("frontier_depth")
         if cells.empty:
-            page.add("The sweep has not finished: `frontier.json`, and the law, come when every cell is settled.")
+            # the study's own line above already says whether the sweep has finished
+            page.add("No `frontier.json` yet: it, and the law, come when every cell is settled.")
             runs = evidence.runs("frontier_depth")
             if not runs.empty:
                 stable_if = sweeper_setting(evidence.root / "frontier_depth", "stable_if", "trained")
