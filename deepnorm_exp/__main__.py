@@ -54,8 +54,7 @@ def worker_threads(launcher: DictConfig) -> int | None:
 
 def all_finished(jobs) -> bool:
     """Whether every job of a sweep already has a final summary, so launching would only skip them all."""
-    from .lifecycle.run import FINAL
-    from .lifecycle.summary import read_summary
+    from .lifecycle.summary import FINAL, read_summary
 
     for job in jobs:
         summary = read_summary(job.run_dir / "summary.json")
@@ -67,9 +66,8 @@ def all_finished(jobs) -> bool:
 def failed_runs(jobs) -> list[str]:
     """The jobs of a finished sweep whose run failed or left no record (a diverged run is a result; a run
     that another process holds, e.g. a second sweep launched at once, is that process's to report)."""
-    from .lifecycle.run import FINAL
     from .lifecycle.runlock import RunLock
-    from .lifecycle.summary import read_summary
+    from .lifecycle.summary import FINAL, read_summary
 
     failed = []
     for job in jobs:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .runs import outcomes
+
 
 def frontier_cells(frontier: pd.DataFrame) -> pd.DataFrame:
     """One row per cell (norm, depth, seed, lo, hi, censored) from `load_frontier`'s rows."""
@@ -79,7 +81,6 @@ def brackets_so_far(runs: pd.DataFrame, stable_if: str) -> pd.DataFrame:
     (`finished_stable`, with its `stable_if`). Probes that failed or were stopped are left out: they say
     nothing about stability. NaN: no probe on that side yet."""
     from ..sweeps.frontier import finished_stable
-    from .runs import outcomes
 
     finished = outcomes(runs)
     stable = [finished_stable(status, trained, stable_if) for status, trained in

@@ -15,7 +15,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from .. import records
-from ..lifecycle.summary import read_summary
+from ..lifecycle.summary import FINAL, read_summary
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -107,14 +107,10 @@ def load_frontier(root: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-
-ENDED = ("completed", "diverged")  # lifecycle.run.FINAL, without importing torch
-
-
 def outcomes(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs that ended (completed or diverged): what tables, figures and claims read. A run that failed (a
     crash) or is unfinished (stopped, still running) has no final loss and says nothing about stability."""
-    return runs[runs["status"].isin(ENDED)] if "status" in runs else runs
+    return runs[runs["status"].isin(FINAL)] if "status" in runs else runs
 
 
 def at_one_lr(runs: pd.DataFrame, lr_key: str = "train.lr") -> tuple[pd.DataFrame, Optional[float]]:

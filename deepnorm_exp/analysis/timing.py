@@ -18,10 +18,10 @@ import pandas as pd
 
 from .. import records
 from ..sweeps.hydra_callbacks import SWEEP_LOG
-from .runs import ENDED
+from ..lifecycle.summary import FINAL
 
 
-FINAL_OR_FAILED = (*ENDED, "failed")  # a failure stays one when re-run
+FINAL_OR_FAILED = (*FINAL, "failed")  # a failure stays one when re-run
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from .preemption import PreemptionGuard
 from ..runtime import Runtime, close_runtime, init_runtime
 from ..records import atomic_path, remove_temporaries, utc_now
 from .runlock import RunLock
-from .summary import TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
+from .summary import FINAL, TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
 from ..train import checkpoint
 from ..train.batches import RandomBatches
 from ..train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics, WallClock
@@ -61,7 +61,6 @@ def loss_scaler(train: DictConfig, device: torch.device) -> torch.amp.GradScaler
                                 growth_interval=train.loss_scale_window)
 
 
-FINAL = ("completed", "diverged")  # a re-run skips these; anything else resumes or starts over
 DETERMINISTIC_CUBLAS = ":4096:8"  # cuBLAS's documented setting for reproducible results
 
 

@@ -21,6 +21,8 @@ def learned_fraction(eval_loss: Optional[float], unigram: float, optimal: Option
     return (unigram - eval_loss) / (unigram - floor)
 
 
+# A run that ended: a re-run skips it, and analysis reads only these (anything else resumes or starts over)
+FINAL = ("completed", "diverged")
 TRAINED_FRACTION = 0.1  # below this share of the learnable gap a run counts as `trained: false`
 
 
