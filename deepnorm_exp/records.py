@@ -8,12 +8,16 @@
   write (a full disk) leaves neither a half file nor its temporary.
 * Readers of records never let one damaged file stop the rest: `read_json` and `read_jsonl` warn once,
   naming the file (and line), and give what could be read.
+* A directory of files written together (a data-cache entry, a sharded checkpoint) is verified against a
+  manifest of each file's size and SHA-256 taken when it was written (`manifest`, `manifest_damage`): a
+  flipped bit, a truncated or missing file is named instead of being read as if it were whole.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import logging
 import math
@@ -129,3 +133,34 @@ def read_jsonl(path: Path) -> list[dict]:
         log.warning("%s: skipped %d damaged line(s) (line %s)", path, len(damaged),
                     ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else ""))
     return records
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def manifest(directory: Path, names: Optional[list[str]] = None, skip: tuple[str, ...] = ()) -> dict[str, list]:
+    """{relative name: [size, SHA-256]} of `names` (default: every file under `directory`), less `skip`."""
+    directory = Path(directory)
+    if names is None:
+        names = [str(p.relative_to(directory)) for p in sorted(directory.rglob("*")) if p.is_file()]
+    return {name: [(directory / name).stat().st_size, file_digest(directory / name)]
+            for name in names if name not in skip}
+
+
+def manifest_damage(directory: Path, expected: dict[str, list], skip: tuple[str, ...] = ()) -> Optional[str]:
+    """Why `directory` differs from the manifest `expected` (a file missing, of another size or content, or
+    one it does not list), or None if every file is as it was written. `skip`: files the manifest leaves out."""
+    directory = Path(directory)
+    for name, (size, digest) in expected.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} were written"
+        if file_digest(path) != digest:
+            return f"{name} differs from what was written (SHA-256)"
+    present = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()}
+    extra = sorted(present - set(expected) - set(skip))
+    return f"{extra[0]} was not written with it" if extra else None

@@ -253,3 +253,47 @@ def test_a_submitit_job_with_two_tasks_trains_one_run_on_two_ranks(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["status"], summary["world_size"], summary["parallel"]) == ("completed", 2, "ddp")
     assert len(metrics(run)) == STEPS
+
+
+def test_a_crafted_or_damaged_sharded_checkpoint_is_refused_on_every_rank_in_one_line(tmp_path):
+    """Issue 23, points 2 and 3 under torchrun: metadata planted with code (its checksum made to match) is
+    refused by every rank and its code never runs; a flipped weight in a shard is one line per rank, not
+    DCP's tracebacks, and the run's summary says so."""
+    import pickle
+    import shutil
+
+    import torch
+
+    from deepnorm_exp import records
+    from deepnorm_exp.train.sharded import TRAINER_STATE
+
+    args = [*COMMON, f"paths.runs={tmp_path / 'runs'}", "train.ckpt_every=5", "train.parallel=fsdp"]
+    kill_at_step(args, 12, tmp_path / "pause")
+    (directory,) = (tmp_path / "runs").glob("*/*/checkpoint.dcp")
+    pristine = tmp_path / "pristine"
+    shutil.copytree(directory, pristine)
+    marker = tmp_path / "pwned"
+
+    class Planted:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    (directory / ".metadata").write_bytes(pickle.dumps(Planted()))
+    state = torch.load(directory / TRAINER_STATE, weights_only=True)
+    state["files"][".metadata"] = records.manifest(directory, [".metadata"])[".metadata"]
+    torch.save(state, directory / TRAINER_STATE)
+    for damage in ("planted", "flipped"):
+        result = torchrun(*args)
+        assert result.returncode != 0 and not marker.exists()
+        lines = [line for line in result.stderr.splitlines() if line.startswith("deepnorm_exp: error: ")]
+        assert len(lines) == 2 and str(directory) in lines[0], result.stderr[-3000:]  # one per rank
+        assert ("refused global posix.system" if damage == "planted" else "differs from what was written") in lines[0]
+        assert "CheckpointException" not in result.stderr
+        summary = json.loads((directory.parent / "summary.json").read_text())
+        assert summary["status"] == "failed" and str(directory) in summary["error"]
+        shutil.rmtree(directory)
+        shutil.copytree(pristine, directory)
+        shard = next(directory.glob("__0_*.distcp"))
+        data = bytearray(shard.read_bytes())
+        data[len(data) - 64] ^= 0x01  # inside the last tensor's bytes (the zip's directory follows each record)
+        shard.write_bytes(bytes(data))

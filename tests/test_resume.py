@@ -84,7 +84,7 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_losses_and_records(tmp
         run_experiment(config(tmp_path / "b", *overrides), progress=False, callbacks=[Crash()])
     run_dir = Path(straight["run_dir"].replace(str(tmp_path / "a"), str(tmp_path / "b")))
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] == 6
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"] == 6
     resumed = run_experiment(config(tmp_path / "b", *overrides), progress=False)
     assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 6
     assert losses(run_dir) == losses(straight["run_dir"])  # records after step 6 were cut, then rewritten
@@ -109,7 +109,7 @@ def test_wall_time_counts_the_segments_before_a_resume(tmp_path):
     with pytest.raises(SimulatedCrash):
         run_experiment(config(tmp_path, "train.ckpt_every=4"), progress=False, callbacks=[Crash()])
     (path,) = tmp_path.rglob("checkpoint.pt")
-    state = torch.load(path, weights_only=False)
+    state = torch.load(path, weights_only=True)
     assert 0 < state["callbacks"]["WallClock"]["elapsed_s"] < 600
     state["callbacks"]["WallClock"]["elapsed_s"] = 86400.0
     torch.save(state, path)
@@ -161,7 +161,7 @@ def test_killed_run_rerun_matches_an_uninterrupted_run_step_by_step(tmp_path, ho
     (metrics,) = (tmp_path / "b").glob("*/*/metrics.jsonl")
     run_dir = metrics.parent
     stopped = json.loads((run_dir / "summary.json").read_text())["status"] if how == "SIGTERM" else None
-    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"]
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"]
     if how == "SIGTERM":  # checkpointed where it stopped, and said so
         assert stopped == "interrupted" and saved == 100
     else:

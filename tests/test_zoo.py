@@ -253,10 +253,10 @@ def test_the_depth_mup_lr_rule_reaches_the_optimizer_and_admin_profiles_before_t
     common = [*TINY, f"paths.runs={tmp_path}", "logger=none", "depth=4", "train.keep_checkpoint=true", "train.ckpt_every=3",
               "train.schedule=constant", "train.warmup_steps=0"]
     summary = run_experiment(deepnorm_exp.compose([*common, "norm=depth_mup", "norm.lr_rule=true"]), progress=False)
-    state = torch.load(f"{summary['run_dir']}/checkpoint.pt", weights_only=False)
+    state = torch.load(f"{summary['run_dir']}/checkpoint.pt", weights_only=True)
     lrs = [group["lr"] for group in state["optimizer"]["param_groups"]]
     assert lrs == [pytest.approx(1e-3), pytest.approx(1e-3 / 2)]  # blocks: lr * sqrt(1 / 4)
     summary = run_experiment(deepnorm_exp.compose([*common, "norm=admin"]), progress=False)
-    model_state = torch.load(f"{summary['run_dir']}/checkpoint.pt", weights_only=False)["model"]
+    model_state = torch.load(f"{summary['run_dir']}/checkpoint.pt", weights_only=True)["model"]
     omegas = [float(v) for k, v in model_state.items() if k.endswith(".omega")]
     assert len(omegas) == 8 and omegas[0] == 1.0 and all(b > a for a, b in zip(omegas, omegas[1:]))

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
+from .. import records
 from ..errors import RecordError
 from ..lifecycle.runlock import FileLock
 
@@ -38,19 +39,8 @@ def cache_key(prefix: str, payload: dict[str, Any]) -> str:
     return f"{prefix}-{digest}"
 
 
-def _files(directory: Path) -> dict[str, Path]:
-    return {str(p.relative_to(directory)): p for p in sorted(directory.rglob("*"))
-            if p.is_file() and p.name != MANIFEST}
-
-
-def _digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def write_manifest(directory: Path) -> None:
-    manifest = {name: [path.stat().st_size, _digest(path)] for name, path in _files(directory).items()}
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    (directory / MANIFEST).write_text(json.dumps(records.manifest(directory, skip=(MANIFEST,)), indent=1))
 
 
 def damage(directory: Path) -> Optional[str]:
@@ -61,17 +51,7 @@ def damage(directory: Path) -> Optional[str]:
         return "no manifest (built by an older version, or its build was interrupted)"
     except (ValueError, OSError) as e:
         return f"unreadable manifest ({type(e).__name__})"
-    files = _files(directory)
-    for name, (size, digest) in manifest.items():
-        path = files.get(name)
-        if path is None:
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, {size} were written"
-        if _digest(path) != digest:
-            return f"{name} differs from what was written (SHA-256)"
-    extra = sorted(set(files) - set(manifest))
-    return f"{extra[0]} was not written by the build" if extra else None
+    return records.manifest_damage(directory, manifest, skip=(MANIFEST,))
 
 
 def _discard(path: Path) -> None:

@@ -10,11 +10,18 @@ A checkpoint is verified before it is used. torch.load alone would load a file w
 flipped on disk and train on from wrong weights without a word; the file is a zip archive with a CRC-32 per
 record (torch writes them), so `load` checks every record against its CRC first, and a damaged file is one
 line naming it (`RecordError`), never a traceback and never silently wrong weights.
+
+A checkpoint is never trusted to be the run's own: run directories are shared on cluster file systems and
+copied between people, and unpickling runs whatever code a crafted file names. Everything the state holds is
+a tensor, a number, a string, or a list, tuple or dict of those (NumPy's RNG state is stored as a tensor),
+so it is read with torch's weights-only loader, which builds nothing else; a file that names anything else
+is refused in one line like a damaged one.
 """
 
 from __future__ import annotations
 
 import logging
+import pickle
 import random
 import zipfile
 from pathlib import Path
@@ -33,14 +40,20 @@ CHECKPOINT = "checkpoint.pt"
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+    """Every generator's state in forms the weights-only loader reads (Python's is a tuple of ints)."""
+    kind, key, position, has_gauss, gauss = np.random.get_state()
+    numpy = {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "position": int(position),
+             "has_gauss": int(has_gauss), "gauss": float(gauss)}
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy,
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy = state["numpy"]
+    np.random.set_state((numpy["kind"], numpy["key"].numpy().astype(np.uint32), numpy["position"],
+                         numpy["has_gauss"], numpy["gauss"]))
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -109,8 +122,11 @@ def load(path: Path) -> dict:
     model and optimizer states are copied to the device by their `load_state_dict`."""
     verify(path)
     try:
-        # weights_only=False: the state holds Python RNG tuples and NumPy arrays; the file is the run's own.
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # names something the weights-only loader does not build
+        raise damaged(path, f"it holds more than tensors, numbers and strings (a checkpoint of an older version, or "
+                      f"a crafted file): {sharded.weights_only_refusal(e)}"
+                      ) from None
     except Exception as e:  # noqa: BLE001 - whatever unpickling a damaged file raises
         raise damaged(path, f"{type(e).__name__}: {first_line(e)}") from None
     if not isinstance(state, dict) or "step" not in state:
@@ -120,7 +136,7 @@ def load(path: Path) -> dict:
 
 def exists(run_dir: Path) -> bool:
     """Whether the run directory holds a checkpoint (one process's file, or a sharded one)."""
-    return (run_dir / CHECKPOINT).exists() or sharded.locate(run_dir / sharded.SHARDED) is not None
+    return (run_dir / CHECKPOINT).exists() or sharded.present(run_dir / sharded.SHARDED)
 
 
 def load_run(run_dir: Path) -> dict:
@@ -132,7 +148,9 @@ def load_run(run_dir: Path) -> dict:
         candidates.append(load(run_dir / CHECKPOINT))
     directory = sharded.locate(run_dir / sharded.SHARDED)
     if directory is not None:
-        candidates.append({**load(directory / sharded.TRAINER_STATE), "sharded": str(directory)})
+        state = load(directory / sharded.TRAINER_STATE)
+        sharded.verify(directory, state.get("files"))
+        candidates.append({**state, "sharded": str(directory)})
     return max(candidates, key=lambda state: state["step"])
 
 

@@ -9,17 +9,32 @@ main process after a barrier: a kill at any moment leaves the previous checkpoin
 Loading goes through torch's distributed state-dict API (`get_state_dict` / `set_state_dict`), which maps
 the saved shards onto whatever layout the resumed run has: the same ranks, fewer (down to one process,
 without a process group), or another parallelism.
+
+What DCP does not do, this does. DCP keeps no checksum, so a flipped byte in a shard would resume from
+other weights without a word: `trainer.pt` holds the size and SHA-256 of every file DCP wrote (each rank
+hashes its own shards), checked before anything is read (`verify`). And DCP unpickles: `.metadata` with
+plain `pickle.load`, and each non-tensor value (the optimizer's hyper-parameters) with
+`torch.load(weights_only=False)`, so a crafted checkpoint would run its code on every rank. Here the
+metadata goes through an unpickler that builds only DCP's own metadata classes (`SafeMetadataReader`) and
+the values through the weights-only loader (`WeightsOnlyLoadPlanner`); a refused file is a RecordError
+naming it.
 """
 
 from __future__ import annotations
 
+import io
+import pickle
 import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from .. import records
+from ..errors import RecordError, first_line
 from ..runtime import Runtime
 
 SHARDED = "checkpoint.dcp"
@@ -46,8 +61,10 @@ def save(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(temporary))
     rngs = runtime.gather(trainer_state["rng"])
+    files = written_files(temporary, runtime)
     if runtime.is_main:
-        write_trainer_state(temporary / TRAINER_STATE, {**trainer_state, "rng": rngs[0], "rngs": rngs})
+        write_trainer_state(temporary / TRAINER_STATE, {**trainer_state, "rng": rngs[0], "rngs": rngs,
+                                                        "files": files})
         old = previous_dir(directory)
         shutil.rmtree(old, ignore_errors=True)  # left by a kill between the renames below and its removal
         if directory.exists():
@@ -57,12 +74,131 @@ def save(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     runtime.barrier()
 
 
+def written_files(directory: Path, runtime: Runtime) -> dict[str, list]:
+    """The manifest of what DCP wrote into `directory` (collective): each rank hashes the shards it wrote
+    (DCP names them `__<rank>_<n>.distcp`), the main process the rest (`.metadata`)."""
+    names = sorted(p.name for p in directory.iterdir() if p.is_file())
+    mine = [name for name in names if name.startswith(f"__{runtime.rank}_")]
+    if runtime.is_main:
+        others = {f"__{rank}_" for rank in range(1, runtime.world_size)}
+        mine += [name for name in names if not name.startswith(tuple(others)) and name not in mine]
+    files: dict[str, list] = {}
+    for part in runtime.gather(records.manifest(directory, mine)):
+        files.update(part)
+    return files
+
+
+def verify(directory: Path, files: dict | None) -> None:
+    """RecordError unless every file DCP wrote into `directory` is as it was written (`files`: the manifest
+    that trainer.pt holds)."""
+    if not isinstance(files, dict):
+        raise damaged(directory, "trainer.pt lists no checksums of the shards (written by an older version)")
+    why = records.manifest_damage(directory, files, skip=(TRAINER_STATE,))
+    if why is not None:
+        raise damaged(directory, why)
+
+
+def weights_only_refusal(e: BaseException) -> str:
+    """What torch's weights-only refusal says was refused: its first line is advice to load the file
+    unsafely and its last a link; the line between names the global or opcode."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    middle = [line for line in lines if not line.startswith(("Weights only load failed", "Check the documentation"))]
+    return (middle or lines or [type(e).__name__])[0]
+
+
+def damaged(directory: Path, why: str) -> RecordError:
+    return RecordError(f"{directory} is damaged ({why}); delete it to start this run over, or resume=false")
+
+
+# What DCP's .metadata pickles, and nothing else: its own dataclasses, torch's sizes, dtypes and layouts,
+# and the checkpoint's path. Each is a constructor or a lookup; none runs code it is given.
+METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "StorageMeta", "MetadataIndex", "TensorProperties",
+                                              "TensorStorageMetadata", "BytesStorageMetadata",
+                                              "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's metadata, refusing any global that METADATA_GLOBALS (or a torch dtype) does not name."""
+
+    def find_class(self, module: str, name: str):
+        if name in METADATA_GLOBALS.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refused global {module}.{name}: not part of a checkpoint's metadata")
+
+
+class SafeMetadataReader(FileSystemReader):
+    """torch's FileSystemReader, but its metadata is read by MetadataUnpickler (torch reads it with plain
+    `pickle.load`); what it does after reading is torch's."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            data = stream.read()
+        try:
+            metadata = MetadataUnpickler(io.BytesIO(data)).load()
+        except Exception as e:  # noqa: BLE001 - a refused global, or whatever a damaged pickle raises
+            raise damaged(Path(self.path), f"{Path(path).name}: {type(e).__name__}: {first_line(e)}") from None
+        if not isinstance(metadata, Metadata):
+            raise damaged(Path(self.path), f"{Path(path).name} holds a {type(metadata).__name__}, not DCP's Metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner, but the non-tensor values (saved with torch.save) are read by the
+    weights-only loader (DefaultLoadPlanner.load_bytes reads them with weights_only=False)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise RecordError(f"a value of the sharded checkpoint ({read_item.dest_index.fqn}) was refused by "
+                              f"the weights-only loader ({weights_only_refusal(e)}); resume=false starts over") from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def first_refusal(e: CheckpointException, directory: Path) -> RecordError:
+    """The first rank's failure inside DCP as one line: our own RecordError as it is, anything else (a
+    shard that does not fit the model) as damage to `directory`."""
+    for _, (failure, _trace) in sorted(e.failures.items()):
+        if isinstance(failure, RecordError):
+            return failure
+    rank, (failure, _trace) = min(e.failures.items())
+    return damaged(directory, f"rank {rank}: {type(failure).__name__}: {first_line(failure)}")
+
+
+def present(directory: Path) -> bool:
+    """Whether a sharded checkpoint (complete or not) is there: `directory`, or the previous one that a
+    kill during the rename left under its old name."""
+    return directory.is_dir() or previous_dir(directory).is_dir()
+
+
 def locate(directory: Path) -> Path | None:
-    """The complete sharded checkpoint, if any: `directory`, or the previous one that a kill during the
-    rename left under its old name."""
-    for candidate in (directory, previous_dir(directory)):
-        if (candidate / TRAINER_STATE).exists():
+    """The complete sharded checkpoint, if any (see `present`); RecordError where one is there without its
+    trainer.pt (written last, so only damage removes it: starting over would drop the run's progress)."""
+    candidates = (directory, previous_dir(directory))
+    for candidate in candidates:
+        if (candidate / TRAINER_STATE).is_file():
             return candidate
+    for candidate in candidates:
+        if candidate.is_dir():
+            raise damaged(candidate, f"{TRAINER_STATE} is missing")
     return None
 
 
@@ -70,7 +206,10 @@ def load_model_and_optimizer(directory: Path, model: torch.nn.Module, optimizer:
     """Restore a freshly built model and optimizer (any world size, any parallelism) from `directory`."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=str(directory))
+    try:
+        dcp.load(state, storage_reader=SafeMetadataReader(str(directory)), planner=WeightsOnlyLoadPlanner())
+    except CheckpointException as e:  # a BaseException, whose text is every rank's traceback
+        raise first_refusal(e, directory) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
