@@ -1,7 +1,10 @@
 """deepnorm_exp: a depth-scaling experiment harness for Transformer normalization schemes."""
 
+from . import moved
 from .build import build_model
 from .compose import compose
+
+moved.install()
 
 __all__ = ["compose", "build_model", "load_runs"]
 

@@ -66,7 +66,7 @@ def all_finished(jobs) -> bool:
 def failed_runs(jobs) -> list[str]:
     """The jobs of a finished sweep whose run failed or left no record (a diverged run is a result; a run
     that another process holds, e.g. a second sweep launched at once, is that process's to report)."""
-    from .lifecycle.runlock import RunLock
+    from .lifecycle.runlock import held_elsewhere
     from .lifecycle.summary import FINAL, read_summary
 
     failed = []
@@ -74,11 +74,8 @@ def failed_runs(jobs) -> list[str]:
         summary = read_summary(job.run_dir / "summary.json") or {}
         if summary.get("status") in FINAL:
             continue
-        if summary.get("status") != "failed" and job.run_dir.is_dir():
-            lock = RunLock(job.run_dir)
-            if not lock.acquire():
-                continue  # running in another process
-            lock.release()
+        if summary.get("status") != "failed" and held_elsewhere(job.run_dir):
+            continue  # running in another process
         failed.append(f"{job.run_dir.name}: {summary.get('error') or summary.get('status') or 'no summary.json'}")
     return failed
 
@@ -149,7 +146,9 @@ def command(argv: list[str] | None) -> None:
         from .lifecycle.run import DETERMINISTIC_CUBLAS
 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)  # cuBLAS reads it once
-    sys.argv = [sys.argv[0], *argv]
+    from .preflight import checked_sweeper_override
+
+    sys.argv = [sys.argv[0], *argv, *checked_sweeper_override(jobs)]
     try:
         train()
     except KeyboardInterrupt:  # the runs wrote their records (interrupted) before this reached here

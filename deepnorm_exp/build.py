@@ -91,10 +91,14 @@ def check_memory(cfg: DictConfig, device: torch.device, positions: int):
     return guess
 
 
-def check_runtime(cfg: DictConfig, positions: int, here: bool = True):
-    """The checks that need a machine: records can be written, and (`here`: the jobs run on this machine,
-    not on a cluster's nodes) the device exists and training fits in its memory (`positions`: what
-    check_config returned). Returns the memory estimate, or None when not `here`."""
+def check_runtime(cfg: DictConfig, positions: int, world_size: int, here: bool = True):
+    """The checks that need a machine: the batch splits over the `world_size` processes that will train the
+    run, records can be written, and (`here`: the jobs run on this machine, not on a cluster's nodes) the
+    device exists and training fits in its memory (`positions`: what check_config returned). Returns the
+    memory estimate, or None when not `here`."""
+    from .train.parallel import check_layout
+
+    check_layout(cfg.train, world_size)
     check_writable_dir("paths.runs", cfg.paths.runs)
     check_writable_dir("paths.cache", cfg.paths.cache)
     if not here:

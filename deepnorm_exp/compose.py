@@ -4,6 +4,7 @@ errors said as one-line ConfigErrors (also for the pre-flight check, deepnorm_ex
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Iterable, Sequence
 
 from hydra import compose as hydra_compose
@@ -31,6 +32,8 @@ def _compose(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig
         raise missing_option(e) from None
     except (HydraException, OmegaConfBaseException) as e:
         raise composition_error(e, overrides) from None
+    except (OSError, ValueError) as e:
+        raise unreadable_override(e, overrides) from None
 
 
 def compose(overrides: Iterable[str] = (), check: bool = True) -> DictConfig:
@@ -55,5 +58,30 @@ def composition_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
     if key:
         value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), "?")
         return ConfigError(key, value, first_line(cause))
-    # Hydra's own message names the override ("Could not override 'x'. ..."); keep its first sentence.
-    return ConfigError("override", " ".join(overrides) or "-", first_line(e))
+    # Hydra's own message names the override ("Could not override 'x'. ..."); keep its first sentence, and
+    # show the override it could not parse where one is (Hydra's lexer names only where it stopped).
+    return ConfigError("override", unparsable(overrides) or " ".join(overrides) or "-", first_line(e))
+
+
+def unparsable(overrides: Sequence[str]) -> str | None:
+    """The first override Hydra's grammar cannot parse on its own, if any."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except (HydraException, ValueError):  # ValueError: an integer past Python's 4,300 digits
+            return override
+    return None
+
+
+def unreadable_override(e: Exception, overrides: Sequence[str]) -> ConfigError:
+    """An OSError or ValueError from inside Hydra's composition (a group option too long to be a file name,
+    an integer too long to parse) as a ConfigError naming the override at fault."""
+    if isinstance(e, OSError):
+        name = Path(e.filename or "").name
+        culprit = next((o for o in overrides if name and name in o), max(overrides, key=len, default="-"))
+        return ConfigError("override", culprit, f"{e.strerror or type(e).__name__} (Hydra looks for a config "
+                                                f"file of that name)")
+    return ConfigError("override", unparsable(overrides) or " ".join(overrides) or "-", first_line(e))

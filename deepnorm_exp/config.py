@@ -211,9 +211,38 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("train.grad_clip", cfg.train.grad_clip, "must be > 0, or null for no clipping")
     if cfg.threads is not None and cfg.threads <= 0:
         raise ConfigError("threads", cfg.threads, "must be a positive integer, or null for torch's default")
+    check_seed("seed", cfg.seed)
+    check_experiment_name(str(cfg.experiment_name))
     device = cfg.device
     if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
         raise ConfigError("device", device, "choose auto, cpu, cuda or cuda:N")
+
+
+SEED_LIMIT = 2**62  # torch and NumPy take seeds below 2**63 or 2**64; each rank adds its own offset to the seed
+NAME_BYTES = 255  # the longest file name most file systems store
+
+
+def check_seed(key: str, value: int) -> None:
+    if not 0 <= value < SEED_LIMIT:
+        raise ConfigError(key, value, "must be an integer in [0, 2**62)")
+
+
+def check_experiment_name(name: str) -> None:
+    """One directory name under paths.runs: the run directories, multirun.yaml and sweeps.jsonl land in
+    ${paths.runs}/${experiment_name}, so a name with a path in it would put them elsewhere."""
+    why = None
+    if not name or name in (".", ".."):
+        why = "must name a directory"
+    elif "/" in name or "\\" in name:
+        why = "must be one directory name, without '/' (records land in paths.runs/<experiment_name>)"
+    elif not all(c.isprintable() for c in name):
+        why = "must not hold control characters (a newline, a tab)"
+    elif name.startswith("."):
+        why = "must not start with '.' (hidden names under paths.runs are the harness's own, e.g. .cache)"
+    elif len(name.encode()) > NAME_BYTES:
+        why = f"must be at most {NAME_BYTES} bytes (a file name's limit); it has {len(name.encode()):,}"
+    if why is not None:
+        raise ConfigError("experiment_name", name, why)
 
 
 S = TypeVar("S")

@@ -12,6 +12,18 @@ class HarnessError(Exception):
     exit_status = 1
 
 
+SHOWN_CHARS = 80  # of a value echoed in an error: a 10,000-character value is not repeated whole
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`value` as an error line shows it: control characters escaped (a newline must not break the line),
+    and cut to `limit` characters with its length said."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 20]}... ({len(str(value)):,} characters)"
+
+
 class ConfigError(HarnessError, ValueError):
     """Bad input, detected before any compute: the message names the key, the value and what is allowed."""
 
@@ -19,7 +31,9 @@ class ConfigError(HarnessError, ValueError):
 
     def __init__(self, key: str, value: object, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"{key}={value!s} is invalid: {allowed}")
+        if len(str(value)) > SHOWN_CHARS:  # a library's message that quotes the value quotes it whole
+            allowed = allowed.replace(str(value), shown(value))
+        super().__init__(f"{shown(key)}={shown(value)} is invalid: {shown(allowed, 400)}")
 
     def __reduce__(self):  # pickled whole: the main process's refusal is sent to every rank of a run
         return type(self), (self.key, self.value, self.allowed)

@@ -28,11 +28,26 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from .build import check_config, check_runtime
-from .compose import composition_error, missing_option
+from .compose import composition_error, missing_option, unreadable_override
 from .config import CONF_DIR
-from .errors import ConfigError, first_line
+from .errors import ConfigError, HarnessError, first_line
 
 DEFAULT_CONFIG = "config"
+HYDRA_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+# The override lists of the jobs this process's pre-flight composed and checked, where the sweep is Hydra's
+# basic sweeper: the command launches them with hydra/sweeper=checked, the same sweeper without its second
+# composition of each job (hydra_plugins/deepnorm_exp_frontier/checked_sweeper.py).
+_checked: set[tuple[str, ...]] = set()
+
+
+def was_checked(overrides: Sequence[str]) -> bool:
+    return tuple(overrides) in _checked
+
+
+def checked_sweeper_override(jobs: Sequence[Job]) -> list[str]:
+    """["hydra/sweeper=checked"] where every job of the sweep was checked for Hydra's basic sweeper itself
+    (not a subclass of it, nor a sweeper the user or a preset chose), else []."""
+    return ["hydra/sweeper=checked"] if jobs and all(was_checked(job.overrides) for job in jobs) else []
 
 
 @dataclass
@@ -92,7 +107,8 @@ def hydra_command(args: argparse.Namespace, task_function: Callable) -> Iterator
         hydra = Hydra.create_main_hydra2(task_name=detect_task_name(calling_file, calling_module),
                                          config_search_path=search_path)
         config_name = args.config_name or DEFAULT_CONFIG
-        mode = hydra.get_mode(config_name=config_name, overrides=list(args.overrides))
+        with refusals(args.overrides, config_name):
+            mode = hydra.get_mode(config_name=config_name, overrides=list(args.overrides))
         # As hydra._internal.utils._run_app decides: -m, or hydra.mode=MULTIRUN from the command or a config.
         multirun = bool(args.multirun) or mode == RunMode.MULTIRUN
         yield Command(hydra, config_name, list(args.overrides), multirun)
@@ -114,6 +130,10 @@ def refusals(overrides: Sequence[str], config_name: str) -> Iterator[None]:
         raise missing_option(e) from None
     except (HydraException, OmegaConfBaseException) as e:
         raise composition_error(e, overrides) from None
+    except HarnessError:
+        raise
+    except (OSError, ValueError) as e:
+        raise unreadable_override(e, overrides) from None
 
 
 @dataclass
@@ -121,6 +141,22 @@ class ComposedJob:
     cfg: DictConfig  # the task's config, without the hydra node (what the task function receives)
     override_dirname: str  # hydra.job.override_dirname
     launcher: str  # hydra.launcher._target_
+    world_size: int  # the processes that will train it (planned_world_size)
+
+
+def planned_world_size(launcher: DictConfig) -> int:
+    """How many processes will train each job: a submitit job's tasks (tasks_per_node x nodes, each task a
+    rank), else as many as this process was started among (torchrun's WORLD_SIZE; one)."""
+    if "submitit" in str(launcher.get("_target_", "")):
+        return int(launcher.get("tasks_per_node") or 1) * int(launcher.get("nodes") or 1)
+    from .runtime import launch_environment
+
+    return launch_environment()[1]
+
+
+def composed(cfg: DictConfig, hydra_node: DictConfig, override_dirname: str) -> ComposedJob:
+    return ComposedJob(cfg, override_dirname, str(hydra_node.launcher.get("_target_", "")),
+                       planned_world_size(hydra_node.launcher))
 
 
 class JobComposer:
@@ -138,7 +174,9 @@ class JobComposer:
 
     def __init__(self, command: Command, master: DictConfig):
         self.command, self.master = command, master
-        self.hydra_overrides = list(master.hydra.overrides.hydra)
+        # As Hydra keeps them: an override such as hydra.sweep.subdir=job${hydra.job.num} is a string, not
+        # resolved here (hydra.job.num exists only in a launched job).
+        self.hydra_overrides = OmegaConf.to_container(master.hydra.overrides.hydra, resolve=False)
         self.repos: dict[tuple[str, ...], object] = {}  # the config repository per set of hydra overrides
         self.bases: dict[tuple[str, ...], tuple[DictConfig, DictConfig]] = {}  # (task part, hydra node)
 
@@ -175,7 +213,7 @@ class JobComposer:
         override_dirname = get_overrides_dirname(overrides=[o for o in parsed if not o.is_hydra_override()],
                                                  kv_sep=dirname.kv_sep, item_sep=dirname.item_sep,
                                                  exclude_keys=dirname.exclude_keys)
-        return ComposedJob(cfg, override_dirname, str(hydra_node.launcher.get("_target_", "")))
+        return composed(cfg, hydra_node, override_dirname)
 
 
 def planned_jobs(command: Command, master: DictConfig, task_function: Callable) -> tuple[list[list[str]], bool]:
@@ -189,7 +227,7 @@ def planned_jobs(command: Command, master: DictConfig, task_function: Callable) 
         def __getattr__(self, name):
             return lambda *args, **kwargs: None
 
-    arguments = list(master.hydra.overrides.task)
+    arguments = OmegaConf.to_container(master.hydra.overrides.task, resolve=False)  # unresolved, as Hydra has them
     with refusals(arguments, command.config_name):
         try:
             sweeper = Plugins.instance().instantiate_sweeper(
@@ -213,7 +251,7 @@ def check_job(overrides: list[str], job: ComposedJob, fixed: bool) -> Job:
     from .lifecycle.run import check_claim
 
     # A cluster launcher's jobs check their device and memory on their node, when they start.
-    check_runtime(job.cfg, check_config(job.cfg), here="Slurm" not in job.launcher)
+    check_runtime(job.cfg, check_config(job.cfg), job.world_size, here="Slurm" not in job.launcher)
     checked = Job(overrides, job.cfg, job.override_dirname, fixed)
     if fixed:
         check_claim(checked.run_dir, job.cfg)
@@ -235,9 +273,12 @@ def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tup
             hydra_node = cfg.hydra
             with open_dict(cfg):
                 del cfg["hydra"]
-            job = ComposedJob(cfg, hydra_node.job.override_dirname, str(hydra_node.launcher.get("_target_", "")))
+            job = composed(cfg, hydra_node, hydra_node.job.override_dirname)
             return [check_job(command.overrides, job, True)], False
         master = command.compose(command.overrides, RunMode.MULTIRUN)
         jobs, fixed = planned_jobs(command, master, task_function)
         compose_job = JobComposer(command, master)
-        return [check_job(job, compose_job(job), fixed) for job in jobs], True
+        checked = [check_job(job, compose_job(job), fixed) for job in jobs]
+        if master.hydra.sweeper.get("_target_") == HYDRA_BASIC_SWEEPER:
+            _checked.update(tuple(job.overrides) for job in checked)
+        return checked, True

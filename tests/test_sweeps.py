@@ -64,7 +64,7 @@ def test_rerunning_a_finished_sweep_launches_nothing(tiny, runs_root):
     # Each invocation that launched something is logged (the results page measures presets' times from it).
     log = [json.loads(line) for line in (runs_root / "default" / "sweeps.jsonl").read_text().splitlines()]
     assert [line["event"] for line in log] == ["start", "end"] * 2
-    assert log[-2]["overrides"][0] == "norm=post,pre,deepnorm" and log[-2]["sweeper"] == "BasicSweeper"
+    assert log[-2]["overrides"][0] == "norm=post,pre,deepnorm" and log[-2]["sweeper"] == "CheckedSweeper"
     assert log[0]["at"] <= log[1]["at"] <= log[2]["at"] <= log[3]["at"]
 
 

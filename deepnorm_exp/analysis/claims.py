@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .frontier_law import fit_frontier_law, frontier_cells
-from .runs import at_one_lr, load_frontier, load_layer_records, load_runs, load_scalars, outcomes
+from .runs import at_one_lr, config_column, load_frontier, load_layer_records, load_runs, load_scalars, outcomes
 from .timing import sweep_finished
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_RUN, UNFINISHED = (
@@ -240,7 +240,7 @@ def post_ln_inputs_grow(e: Evidence):
     layers, runs = e.layers("model_update"), e.at_one_lr("model_update")
     if layers.empty or "ln_input_norm" not in layers:
         return None, "no ln_input_norm records"
-    scale = runs.set_index("run_name")["model.d_model"].astype(float) ** 0.5
+    scale = pd.Series(config_column(runs, "model.d_model").to_numpy(), index=runs["run_name"]).astype(float) ** 0.5
     alpha = runs.set_index("run_name").get("alpha.decoder", pd.Series(1.0, index=scale.index)).astype(float)
     rows = layers[layers["ln_input_norm"].notna()].copy()
     rows = rows[rows["step"] == rows.groupby("run_name")["step"].transform("max")]

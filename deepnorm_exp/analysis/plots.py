@@ -18,6 +18,8 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib import colormaps
 
+from .runs import config_column
+
 NORM_ORDER = ("post", "pre", "deepnorm")  # the paper's three first, other schemes after, alphabetically
 DIVERGED = dict(marker="x", color="tab:red", linestyle="none", markersize=9, markeredgewidth=2, label="diverged",
                 gid="diverged")
@@ -242,9 +244,14 @@ def ln_input_norm(layers: pd.DataFrame, runs: pd.DataFrame, step: Optional[int] 
         return empty("LN input norm", "no per-layer activation records (metrics.activations=true logs them)")
     rows = layers[layers[metric].notna()]
     rows = rows[rows["step"] == step] if step is not None else _last_step_with(rows, metric)
-    d_model = runs.set_index(["experiment", "run_name"])["model.d_model"]
+    d_model = pd.Series(config_column(runs, "model.d_model").to_numpy(),
+                        index=pd.MultiIndex.from_frame(runs[["experiment", "run_name"]]))
+    d_model = d_model[~d_model.index.duplicated()]
     scale = np.sqrt(rows.set_index(["experiment", "run_name"]).index.map(d_model).astype(float))
     scale = pd.Series(np.asarray(scale), index=rows.index)
+    rows, scale = rows[scale.notna()], scale[scale.notna()]  # d unknown: the run's config.yaml is unreadable
+    if rows.empty:
+        return empty("LN input norm", "model.d_model unknown (the runs' config.yaml unreadable)")
     norms = norms_in(rows)
     color = depth_color(rows["depth"])
     fig, axes = panels(len(norms), "LayerNorm input ||x|| / sqrt(d) by position (last per-layer step)")

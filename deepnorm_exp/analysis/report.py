@@ -157,6 +157,10 @@ def build_report(root: str | Path) -> str:
         f"{shared_value(runs, 'unigram_loss')}, optimal {shared_value(runs, 'optimal_loss')}.</p>",
         frame_table(comparison_table(runs), table_id="comparison"),
     ]
+    unfinished = int(runs["status"].isin(("running", "unfinished")).sum())
+    if unfinished:
+        sections.insert(2, f'<p class="meta"><strong>{unfinished} run(s) running or unfinished</strong>: their rows and '
+                           "curves are what they recorded so far; the tables of final losses leave them out.</p>")
     if len(frontier):
         columns = [c for c in ("norm", "depth", "max_stable_lr", "min_unstable_lr", "runs", "runs_spent", "grid_runs")
                    if c in frontier]

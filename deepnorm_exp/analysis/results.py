@@ -212,7 +212,8 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
              times_table(evidence, root))
     sections = _sections(evidence)
     for study in STUDIES:
-        page.add(f"## {study.title}", f"{study.about} `{study.command}`")
+        page.add(f"## {study.title}", f"{study.about} `{study.command}`",
+                 f"<!-- study:{study.name} runs={len(evidence.runs(study.name))} -->")
         if evidence.runs(study.name).empty:
             page.add("Not run yet.")
             continue
@@ -223,6 +224,36 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
     path = out / "results.md"
     path.write_text("\n".join(page.lines).rstrip() + "\n", encoding="utf-8")
     return path
+
+
+STUDY_MARK = re.compile(r"<!-- study:(\w+) runs=(\d+) -->")
+
+
+def published_runs(page: str) -> dict[str, Optional[int]]:
+    """The studies a results page shows runs of, with their run counts (None: a page written before the
+    counts were marked, whose section does not say "Not run yet.")."""
+    marked = {name: int(n) for name, n in STUDY_MARK.findall(page)}
+    if marked:
+        return {name: n for name, n in marked.items() if n > 0}
+    shown = {}
+    for study in STUDIES:
+        section = page.partition(f"\n## {study.title}\n")[2].split("\n## ", 1)[0]
+        if section and "\nNot run yet." not in section:
+            shown[study.name] = None
+    return shown
+
+
+def records_missing(page_path: Path, evidence: Evidence) -> list[str]:
+    """What regenerating the page at `page_path` from `evidence` would lose: each study it shows runs of
+    for which the records now hold fewer (none, on a fresh clone without the records)."""
+    if not page_path.is_file():
+        return []
+    lost = []
+    for name, published in published_runs(page_path.read_text(encoding="utf-8")).items():
+        have = len(evidence.runs(name))
+        if have == 0 or (published is not None and have < published):
+            lost.append(f"{name} ({have} of {published} runs here)" if published is not None else f"{name} (no runs here)")
+    return lost
 
 
 def _commit() -> str:
@@ -293,16 +324,24 @@ def update_readme(path: Path, blocks: dict[str, str]) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="deepnorm_exp.analysis.results", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("root", nargs="?", default="runs", help="the directory above the experiments (runs/)")
     parser.add_argument("--out", default="docs", help="where results.md and results/ go (default docs/)")
     parser.add_argument("--readme", help="a README whose generated blocks to rewrite from the same records")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="rewrite the page even where the records hold fewer runs of a study than it shows")
     args = parser.parse_args(argv)
     if not Path(args.root).is_dir():
         parser.error(f"{args.root} is not a directory (the runs root: runs/)")
     if args.readme and not Path(args.readme).is_file():
         parser.error(f"--readme {args.readme}: no such file")
     evidence = Evidence(args.root)  # every record read once, for the page and the README alike
+    lost = [] if args.allow_missing else records_missing(Path(args.out) / "results.md", evidence)
+    if lost:
+        parser.exit(2, f"{parser.prog}: error: {Path(args.out) / 'results.md'} shows runs that {args.root}/ does "
+                       f"not hold: {'; '.join(lost)}; writing it would replace their results. Bring the records "
+                       "back (or run the studies), or --allow-missing to write it anyway\n")
     print(f"results: {build_results(args.root, args.out, evidence).resolve()}")
     if args.readme:
         done = update_readme(Path(args.readme), readme_blocks(Path(args.root), evidence))

@@ -1,7 +1,9 @@
 """Run records -> pandas DataFrames. Reads only the local files a run writes (never W&B's servers).
 
 A root is any directory above run directories: `runs/`, `runs/<experiment>/`, or one run's directory.
-A run directory is one holding `summary.json` (a run that crashed before writing one is not listed).
+A run directory is one holding `summary.json` or `config.yaml` (written when the run starts). A run being
+trained now (its lock held) is listed with status "running", whatever an earlier attempt's summary says; one
+with a config and no summary that nothing is training is "unfinished" (killed before its first summary).
 Records are decoded by `records.py` (a NaN loss is a float NaN); a damaged file is named in a warning and
 skipped (a damaged line of a JSON-lines file, alone), never allowed to stop the analysis of the others.
 """
@@ -15,6 +17,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from .. import records
+from ..lifecycle.runlock import held_elsewhere
 from ..lifecycle.summary import FINAL, read_summary
 
 log = logging.getLogger("deepnorm_exp")
@@ -22,9 +25,14 @@ log = logging.getLogger("deepnorm_exp")
 RUN_KEYS = ("experiment", "run_name", "norm", "depth", "seed")  # carried onto every per-step or per-layer row
 
 
+RECORD_MARKERS = ("summary.json", "config.yaml")  # a run directory holds one of these
+
+
 def run_dirs(root: str | Path) -> list[Path]:
     root = Path(root)
-    found = [root] if (root / "summary.json").is_file() else sorted(p.parent for p in root.rglob("summary.json"))
+    if any((root / marker).is_file() for marker in RECORD_MARKERS):
+        return [root]
+    found = sorted({p.parent for marker in RECORD_MARKERS for p in root.rglob(marker)})
     return [d for d in found if not any(part.startswith(".") for part in d.relative_to(root).parts)]
 
 
@@ -41,15 +49,34 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     run's whole config flattened to dotted columns (`train.lr`, `model.d_model`, ...), and `run_dir`."""
     rows = []
     for run_dir in run_dirs(root):
-        summary = read_summary(run_dir / "summary.json")
+        has_summary = (run_dir / "summary.json").is_file()
+        summary = read_summary(run_dir / "summary.json") if has_summary else {}
         if summary is None:
             continue  # damaged: read_summary named it
-        row = _flat("", summary)
-        for key, value in _flat("", _config(run_dir / "config.yaml")).items():
+        config = _config(run_dir / "config.yaml")
+        if not summary and not config:
+            continue  # neither record readable: nothing to list it by (the warning named the file)
+        row = _flat("", summary) if summary else _from_config(config, run_dir)
+        for key, value in _flat("", config).items():
             row.setdefault(key, value)  # summary fields win: depth, seed are the same in both
+        if held_elsewhere(run_dir):
+            row["status"] = "running"
         row["run_dir"] = str(run_dir)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _from_config(config: dict, run_dir: Path) -> dict:
+    """The run keys of a run that has no summary yet, from its config."""
+    return {"experiment": config.get("experiment_name"), "run_name": run_dir.name,
+            "norm": (config.get("norm") or {}).get("name"), "depth": config.get("depth"), "seed": config.get("seed"),
+            "status": "unfinished"}
+
+
+def config_column(runs: pd.DataFrame, key: str) -> pd.Series:
+    """A config value of every run (`model.d_model`), NaN for a run whose config.yaml was unreadable (the
+    column is missing altogether when no run's was readable)."""
+    return runs[key] if key in runs else pd.Series(float("nan"), index=runs.index, dtype=float)
 
 
 def _config(path: Path) -> dict:

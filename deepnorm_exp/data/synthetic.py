@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..config import check_seed
 from ..errors import ConfigError
 from . import TaskData, register, unigram_loss
 from .cache import cache_key, cached_dataset
@@ -53,6 +54,7 @@ class SyntheticConfig:
     eval_decode: int = 64  # held-out pairs decoded greedily for exact-match accuracy
 
     def __post_init__(self):
+        check_seed("seed", self.seed)
         for key in ("vocab_size", "seq_len", "train_sequences", "eval_sequences", "classes"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, getattr(self, key), "must be a positive integer")

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from omegaconf import MISSING
 
+from ..config import check_seed
 from ..errors import ConfigError
 from ..lifecycle.runlock import FileLock
 from . import TaskData, register, unigram_loss_from_counts
@@ -50,6 +51,7 @@ class TokenStreamConfig:
     num_proc: Optional[int] = None  # tokenizing processes (null: all cores for large corpora, else 1)
 
     def __post_init__(self):
+        check_seed("seed", self.seed)
         for key in ("seq_len", "vocab_size", "eval_blocks"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, getattr(self, key), "must be a positive integer")

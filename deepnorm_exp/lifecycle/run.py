@@ -26,7 +26,7 @@ from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
 from ..sinks import build_sinks
 from .preemption import PreemptionGuard
-from ..runtime import Runtime, close_runtime, init_runtime
+from ..runtime import Runtime, close_runtime, init_runtime, launch_environment
 from ..records import atomic_path, remove_temporaries, utc_now
 from .runlock import RunLock
 from .summary import FINAL, TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
@@ -34,7 +34,7 @@ from ..train import checkpoint
 from ..train.batches import RandomBatches
 from ..train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics, WallClock
 from ..train.optim import build_optimizer, build_scheduler
-from ..train.parallel import Routed, resolve_parallel, wrap
+from ..train.parallel import Routed, one_process_note, resolve_parallel, wrap
 from ..train.throughput import Throughput, flops_per_token, peak_flops
 from ..train.memory import GIB
 from ..train.trainer import Callback, Trainer, evaluate, to_device
@@ -74,7 +74,7 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
     `callbacks`: extra observers (a notebook's, a benchmark's clock), run after the built-in ones.
     """
     positions = check_config(cfg)
-    memory = check_runtime(cfg, positions)
+    memory = check_runtime(cfg, positions, launch_environment()[1])
     runtime = init_runtime(cfg.device)
     try:
         return _run(cfg, runtime, override_dirname, progress, callbacks, memory, positions)
@@ -237,7 +237,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     scheme = make_scheme(cfg)
-    parallel = resolve_parallel(cfg.train.parallel, runtime)
+    parallel = resolve_parallel(cfg.train.parallel, runtime.world_size)
     summary = {
         "status": "failed", "trained": None, "learned_fraction": None,
         "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": None,
@@ -254,9 +254,11 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
     if runtime.is_main:
         log.info("%s L%d on %s%s: %s", cfg.norm.name, cfg.depth, device,
                  f" x {runtime.world_size} ({parallel})" if runtime.distributed else "", memory.describe())
+        note = one_process_note(cfg.train.parallel, runtime.world_size)
+        if note:
+            log.warning(note)
     sinks, trainer = [], None
     try:
-        check_layout(cfg, runtime, parallel)
         state = None
         if resuming:
             state = checkpoint.load_run(out_dir)
@@ -372,17 +374,3 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
                 sink.finish(summary)
             log.info(format_summary(summary))
     return summary
-
-
-def check_layout(cfg: DictConfig, runtime: Runtime, parallel: str) -> None:
-    """The global batch splits evenly over the ranks and each rank's share into micro-batches."""
-    share, micro = cfg.train.batch_size // runtime.world_size, cfg.train.micro_batch_size
-    if cfg.train.batch_size % runtime.world_size:
-        raise ConfigError("train.batch_size", cfg.train.batch_size,
-                          f"must split evenly over the {runtime.world_size} processes training the run")
-    if micro is not None and share % micro:
-        raise ConfigError("train.micro_batch_size", micro,
-                          f"must divide each process's {share} rows (train.batch_size / {runtime.world_size})")
-    if parallel == "fsdp" and cfg.train.precision == "fp16":
-        raise ConfigError("train.precision", "fp16", "FSDP here takes bf16 or fp32 (its loss scaling would "
-                          "need a sharded scaler); use train.precision=bf16")

@@ -4,10 +4,13 @@ so the same command always names the same directory."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
 from omegaconf import DictConfig
+
+from ..errors import ConfigError
 
 
 MAX_OVERRIDES_CHARS = 160
@@ -33,4 +36,11 @@ def run_name(cfg: DictConfig, override_dirname: str = "") -> str:
 
 
 def run_dir(cfg: DictConfig, name: str) -> Path:
+    """paths.runs/<experiment_name>/<name>; ConfigError if that is not inside paths.runs (a name holding
+    "..", or an absolute path: config.check_experiment_name refuses those first, this is the last word)."""
+    root = Path(os.path.normpath(Path(cfg.paths.runs).absolute()))
+    path = Path(os.path.normpath(root / str(cfg.experiment_name) / name))
+    if path.parent.parent != root:
+        raise ConfigError("experiment_name", cfg.experiment_name, f"the run directory would be {path}, outside "
+                          f"paths.runs={root}; use one directory name")
     return Path(cfg.paths.runs) / str(cfg.experiment_name) / name

@@ -50,3 +50,19 @@ class FileLock:
 class RunLock(FileLock):
     def __init__(self, run_dir: Path):
         super().__init__(run_dir / ".lock")
+
+
+def held_elsewhere(run_dir: Path) -> bool:
+    """Whether another open of the run's lock holds it: the run is being trained now (by another process,
+    or by this one through another open). Read-only: opens an existing lock file and writes nothing."""
+    try:
+        fd = os.open(Path(run_dir) / ".lock", os.O_RDONLY)
+    except OSError:
+        return False  # no lock file: never run by this harness, or not since it was copied
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the lock if this took it
+    return False

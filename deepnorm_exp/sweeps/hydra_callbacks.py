@@ -38,7 +38,7 @@ class SweepLog(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         hydra = config.hydra
-        self._append(config, {"event": "start", "id": self.invocation, "overrides": list(hydra.overrides.task),
+        self._append(config, {"event": "start", "id": self.invocation, "overrides": OmegaConf.to_container(hydra.overrides.task, resolve=False),
                               "launcher": _target(hydra.launcher),
                               "workers": OmegaConf.select(hydra.launcher, "n_jobs", default=None),
                               "sweeper": _target(hydra.sweeper)})

@@ -9,6 +9,7 @@ itself (`objective.model`) stays reachable for the instruments and the checkpoin
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,13 +63,36 @@ class Routed:
         return call
 
 
-def resolve_parallel(parallel: str, runtime: Runtime) -> str:
-    """`auto`: none for one process, ddp for several."""
+def resolve_parallel(parallel: str, world_size: int) -> str:
+    """`auto`: none for one process, ddp for several. On one process ddp and fsdp also train as none: they
+    would only add work, and a run checkpointed by several processes resumes on one with its config as it
+    was (its checkpoint reshards); the run says so (`one_process_note`)."""
     if parallel == "auto":
-        return "ddp" if runtime.distributed else "none"
-    if parallel != "none" and not runtime.distributed:
-        return "none"  # one process: DDP and FSDP would only add work (a one-rank checkpoint still reshards)
-    return parallel
+        return "ddp" if world_size > 1 else "none"
+    return parallel if world_size > 1 else "none"
+
+
+def one_process_note(parallel: str, world_size: int) -> str | None:
+    """The line a run prints where train.parallel asks for ddp or fsdp on one process."""
+    if parallel in ("ddp", "fsdp") and world_size == 1:
+        return (f"train.parallel={parallel}: one process (not started by torchrun or a multi-task job), so it "
+                f"trains without {parallel}; torchrun --nproc_per_node=N -m deepnorm_exp ... runs it on N")
+    return None
+
+
+def check_layout(train: Any, world_size: int) -> None:
+    """ConfigError unless the global batch splits evenly over the `world_size` processes and each one's
+    share into micro-batches, and the precision suits the parallelism (checked before any run directory)."""
+    share, micro = train.batch_size // world_size, train.micro_batch_size
+    if train.batch_size % world_size:
+        raise ConfigError("train.batch_size", train.batch_size,
+                          f"must split evenly over the {world_size} processes training the run")
+    if micro is not None and share % micro:
+        raise ConfigError("train.micro_batch_size", micro,
+                          f"must divide each process's {share} rows (train.batch_size / {world_size})")
+    if resolve_parallel(train.parallel, world_size) == "fsdp" and train.precision == "fp16":
+        raise ConfigError("train.precision", "fp16", "FSDP here takes bf16 or fp32 (its loss scaling would "
+                          "need a sharded scaler); use train.precision=bf16")
 
 
 def wrap(model: nn.Module, runtime: Runtime, parallel: str, param_dtype: torch.dtype | None,

@@ -15,27 +15,25 @@ other weights without a word: `trainer.pt` holds the size and SHA-256 of every f
 hashes its own shards), checked before anything is read (`verify`). And DCP unpickles: `.metadata` with
 plain `pickle.load`, and each non-tensor value (the optimizer's hyper-parameters) with
 `torch.load(weights_only=False)`, so a crafted checkpoint would run its code on every rank. Here the
-metadata goes through an unpickler that builds only DCP's own metadata classes (`SafeMetadataReader`) and
+metadata goes through an unpickler that builds only DCP's own metadata classes (train/dcp_safety.py) and
 the values through the weights-only loader (`WeightsOnlyLoadPlanner`); a refused file is a RecordError
 naming it.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .. import records
 from ..errors import RecordError, first_line
 from ..runtime import Runtime
+
+if TYPE_CHECKING:  # torch.distributed.checkpoint takes a second to import: imported where a checkpoint is
+    from torch.distributed.checkpoint import CheckpointException  # read or written, not by the pre-flight
 
 SHARDED = "checkpoint.dcp"
 TRAINER_STATE = "trainer.pt"
@@ -54,6 +52,9 @@ def save(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     """Collective: every rank calls it at the same step. `trainer_state`: this rank's state without model
     and optimizer (its "rng" is gathered from every rank); `write_trainer_state(path, state)` writes it (the
     one-process checkpoint's verified writer)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     temporary = temporary_dir(directory)
     if runtime.is_main and temporary.exists():
         shutil.rmtree(temporary)  # left by a kill
@@ -110,69 +111,6 @@ def damaged(directory: Path, why: str) -> RecordError:
     return RecordError(f"{directory} is damaged ({why}); delete it to start this run over, or resume=false")
 
 
-# What DCP's .metadata pickles, and nothing else: its own dataclasses, torch's sizes, dtypes and layouts,
-# and the checkpoint's path. Each is a constructor or a lookup; none runs code it is given.
-METADATA_GLOBALS = {
-    "torch.distributed.checkpoint.metadata": {"Metadata", "StorageMeta", "MetadataIndex", "TensorProperties",
-                                              "TensorStorageMetadata", "BytesStorageMetadata",
-                                              "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"},
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-}
-
-
-class MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's metadata, refusing any global that METADATA_GLOBALS (or a torch dtype) does not name."""
-
-    def find_class(self, module: str, name: str):
-        if name in METADATA_GLOBALS.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"refused global {module}.{name}: not part of a checkpoint's metadata")
-
-
-class SafeMetadataReader(FileSystemReader):
-    """torch's FileSystemReader, but its metadata is read by MetadataUnpickler (torch reads it with plain
-    `pickle.load`); what it does after reading is torch's."""
-
-    def read_metadata(self, *args, **kwargs) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
-            data = stream.read()
-        try:
-            metadata = MetadataUnpickler(io.BytesIO(data)).load()
-        except Exception as e:  # noqa: BLE001 - a refused global, or whatever a damaged pickle raises
-            raise damaged(Path(self.path), f"{Path(path).name}: {type(e).__name__}: {first_line(e)}") from None
-        if not isinstance(metadata, Metadata):
-            raise damaged(Path(self.path), f"{Path(path).name} holds a {type(metadata).__name__}, not DCP's Metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
-    """DCP's default planner, but the non-tensor values (saved with torch.save) are read by the
-    weights-only loader (DefaultLoadPlanner.load_bytes reads them with weights_only=False)."""
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
-        try:
-            loaded = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise RecordError(f"a value of the sharded checkpoint ({read_item.dest_index.fqn}) was refused by "
-                              f"the weights-only loader ({weights_only_refusal(e)}); resume=false starts over") from None
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
-
-
 def first_refusal(e: CheckpointException, directory: Path) -> RecordError:
     """The first rank's failure inside DCP as one line: our own RecordError as it is, anything else (a
     shard that does not fit the model) as damage to `directory`."""
@@ -204,6 +142,12 @@ def locate(directory: Path) -> Path | None:
 
 def load_model_and_optimizer(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Restore a freshly built model and optimizer (any world size, any parallelism) from `directory`."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from .dcp_safety import SafeMetadataReader, WeightsOnlyLoadPlanner
+
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     try:
@@ -216,7 +160,7 @@ def load_model_and_optimizer(directory: Path, model: torch.nn.Module, optimizer:
 def load_full(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict) -> None:
     """Restore a one-process checkpoint (full tensors; the optimizer's state keyed by parameter position)
     into a run on several processes, whatever its parallelism (FSDP shards the full tensors as it loads)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     # The same config builds the same parameter groups in the same order: position -> parameter name.
     names = {param: name for name, param in model.named_parameters()}
