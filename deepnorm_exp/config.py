@@ -20,8 +20,16 @@ from .errors import ConfigError, first_line
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
 
+def untuned_warmup(beta2: float) -> int:
+    """Linear warm-up steps for Adam by Ma and Yarats's rule ("On the adequacy of untuned warmup for adaptive
+    optimization", 2021): 2 / (1 - beta2), the horizon of Adam's second-moment average (100 at beta2 = 0.98)."""
+    return round(2 / (1 - float(beta2)))
+
+
 if not OmegaConf.has_resolver("repo_root"):
     OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
+if not OmegaConf.has_resolver("untuned_warmup"):
+    OmegaConf.register_new_resolver("untuned_warmup", untuned_warmup)
 
 
 @dataclass
@@ -57,7 +65,7 @@ class TrainConfig:
     batch_size: int = 16
     seq_len: int = 64
     lr: float = 1e-3
-    warmup_steps: int = 50
+    warmup_steps: int = "${untuned_warmup:${train.betas[1]}}"  # type: ignore[assignment]  # 100 at beta2 0.98
     schedule: str = "inverse_sqrt"  # inverse_sqrt | cosine | constant
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-8

@@ -41,12 +41,42 @@ def test_deepnorm_scales_v_out_fc1_fc2_by_beta(deepnorm_model):
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_post_and_pre_use_unscaled_xavier(norm):
+def test_the_baselines_start_as_fairseq_starts_them(norm):
+    """Xavier-uniform (bound gain * sqrt(6 / (fan_in + fan_out))), gain 1/sqrt(2) for q, k, v (fairseq's
+    MultiheadAttention.reset_parameters; fairseq 0.8's fused in-projection with gain 1 has the same bound),
+    gain 1 for out, fc1, fc2, biases 0."""
     torch.manual_seed(0)
     model = deepnorm_exp.build_model(deepnorm_exp.compose([f"norm={norm}", "depth=12"]))
     roles = projections_by_role(model)
+    d, d_ff = 64, 256
+    fans = {"q": (d, d), "k": (d, d), "v": (d, d), "out": (d, d), "fc1": (d, d_ff), "fc2": (d_ff, d)}
+    for role, (fan_in, fan_out) in fans.items():
+        gain = 2 ** -0.5 if role in ("q", "k", "v") else 1.0
+        bound = gain * math.sqrt(6 / (fan_in + fan_out))
+        weights = torch.cat([w.flatten() for w, _ in roles[role]])
+        assert weights.abs().max().item() <= bound and weights.abs().max().item() > 0.99 * bound, role
+        assert pooled_std(roles[role]) == pytest.approx(bound / math.sqrt(3), rel=0.03), role  # uniform's std
+        assert all(torch.count_nonzero(b) == 0 for _, b in roles[role]), role
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_the_baselines_xavier_init_is_normal_with_gain_one(norm):
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(deepnorm_exp.compose([f"norm={norm}", "norm.init=xavier", "depth=12"]))
+    roles = projections_by_role(model)
+    assert pooled_std(roles["q"]) == pytest.approx(xavier_std(64, 64), rel=0.03)
     assert pooled_std(roles["v"]) == pytest.approx(xavier_std(64, 64), rel=0.03)
     assert pooled_std(roles["fc2"]) == pytest.approx(xavier_std(256, 64), rel=0.03)
+    weights = torch.cat([w.flatten() for w, _ in roles["q"]])
+    assert weights.abs().max().item() > math.sqrt(6 / 128)  # a normal draw passes the uniform's bound
+
+
+def test_schemes_built_on_the_baselines_structure_keep_their_own_init():
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=periln", "depth=12"]))
+    assert pooled_std(projections_by_role(model)["q"]) == pytest.approx(xavier_std(64, 64), rel=0.03)
+    with pytest.raises(Exception, match="init"):
+        deepnorm_exp.compose(["norm=periln", "+norm.init=fairseq"])  # not a key of theirs
 
 
 def test_torchscale_preset_scales_pytorch_default_init():

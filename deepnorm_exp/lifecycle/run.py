@@ -241,7 +241,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
     summary = {
         "status": "failed", "trained": None, "learned_fraction": None,
         "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": None,
-        "final_loss": None, "eval_loss": None, "eval_step": None, "eval_weights": None,
+        "final_loss": None, "eval_loss": None, "eval_step": None, "eval_weights": None, "initial_eval_loss": None,
         "optimal_loss": None, "unigram_loss": None, "excess_loss": None,
         "diverged_at_step": None, "divergence_reason": None, "divergence": None,
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
@@ -320,7 +320,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
             checkpoint.restore(trainer, state)
             del state
         trainer.fit()
-        summary.update(final_loss=metrics.last_loss, tokens_per_s=metrics.mean_tokens_per_s,
+        summary.update(initial_eval_loss=evaluation.initial, final_loss=metrics.last_loss, tokens_per_s=metrics.mean_tokens_per_s,
                        mfu=throughput.mfu(metrics.mean_tokens_per_s))
         if device.type == "cuda":  # what the allocator held at most (this process's device)
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB

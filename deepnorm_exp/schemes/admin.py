@@ -24,7 +24,7 @@ from torch import nn
 from ..errors import ConfigError
 from . import register
 from .base import NormedConfig
-from .post import PostLN
+from .post import PostNorm
 
 
 @dataclass
@@ -55,7 +55,7 @@ def sublayers_per_layer(depths: dict, stack: str) -> int:
 
 
 @register("admin")
-class Admin(PostLN):
+class Admin(PostNorm):
     Config = AdminConfig
     cfg: AdminConfig
 

@@ -50,6 +50,24 @@ class NormedConfig(SchemeConfig):
             raise ConfigError("layer", self.layer, f"choose one of: {', '.join(NORM_LAYERS)}")
 
 
+BASELINE_INITS = ("fairseq", "xavier")
+QKV_GAIN = 2 ** -0.5  # fairseq's q, k, v gain (see BaselineInit)
+
+
+@dataclass
+class BaselineConfig(NormedConfig):
+    """The paper's baselines (Post-LN, Pre-LN): their structure, initialised as `init` says."""
+
+    init: str = "fairseq"  # fairseq | xavier
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.init not in BASELINE_INITS:
+            from ..errors import ConfigError
+
+            raise ConfigError("init", self.init, f"choose one of: {', '.join(BASELINE_INITS)}")
+
+
 class NormScheme:
     """Base scheme: no normalization, residual x + G(x), Xavier-normal (gain 1) weights, zero biases.
 
@@ -125,6 +143,30 @@ class NormScheme:
     def init_embedding(self, weight: torch.Tensor, stack: str) -> None:
         """Token embeddings: N(0, 1/d), used times sqrt(d) (fairseq's convention, the paper's codebase)."""
         nn.init.normal_(weight, std=weight.shape[1] ** -0.5)
+
+
+class BaselineInit:
+    """The initialisation of the codebase the paper's Post-LN and Pre-LN baselines ran in (`init=fairseq`,
+    the default), or the base scheme's Xavier-normal with gain 1 everywhere (`init=xavier`).
+
+    fairseq's: every projection Xavier-uniform, gain 1/sqrt(2) for q, k and v and 1 for out, fc1, fc2, biases
+    0. That is fairseq 0.8 and Transformer-Clinic (the DeepNet authors' fairseq fork, whose `--init-type
+    deepnet` is DeepNorm): one fused (3d, d) in-projection with Xavier gain 1, whose per-matrix bound equals
+    that of a (d, d) matrix with gain 1/sqrt(2); fairseq 0.9 and later split the projections and keep the
+    1/sqrt(2). Later fairseq differs elsewhere, documented in docs, not offered: from 0.9 the q/k/v biases keep
+    nn.Linear's uniform default, and from 0.10 fc1 and fc2 are plain nn.Linear (kaiming-uniform). Mixed into
+    PostLN and PreLN only: schemes built on their structure keep the rule their own papers give."""
+
+    cfg: BaselineConfig
+
+    @torch.no_grad()
+    def init_sublayer(self, sublayer: Sublayer, stack: str, layer: int) -> None:
+        if self.cfg.init == "xavier":
+            return super().init_sublayer(sublayer, stack, layer)
+        for role, weight, bias in sublayer.projections():
+            nn.init.xavier_uniform_(weight, gain=QKV_GAIN if role in ("q", "k", "v") else 1.0)
+            if bias is not None:
+                bias.zero_()
 
 
 def xavier_std(fan_in: int, fan_out: int, gain: float = 1.0) -> float:

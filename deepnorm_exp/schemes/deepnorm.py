@@ -29,7 +29,7 @@ from torch import nn
 from ..errors import ConfigError
 from . import register
 from .base import NormedConfig
-from .post import PostLN
+from .post import PostNorm
 
 BETA_ROLES = frozenset({"v", "out", "fc1", "fc2"})  # q and k keep gain 1
 PRESETS = ("paper", "torchscale", "glm130b")
@@ -70,7 +70,7 @@ def deepnorm_constants(depths: dict[str, int], stack: str, preset: str = "paper"
 
 
 @register("deepnorm")
-class DeepNorm(PostLN):
+class DeepNorm(PostNorm):
     Config = DeepNormConfig
     cfg: DeepNormConfig
 

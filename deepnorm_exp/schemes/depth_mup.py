@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from . import register
 from .base import NormedConfig
 from .branch import BranchScaledResidual
-from .pre import PreLN
+from .pre import PreNorm
 
 
 @dataclass
@@ -32,7 +32,7 @@ class DepthMuPConfig(NormedConfig):
 
 
 @register("depth_mup")
-class DepthMuP(PreLN):
+class DepthMuP(PreNorm):
     Config = DepthMuPConfig
     cfg: DepthMuPConfig
 

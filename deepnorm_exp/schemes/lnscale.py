@@ -8,7 +8,7 @@ import math
 from torch import nn
 
 from . import register
-from .pre import PreLN, PreNormResidual
+from .pre import PreNorm, PreNormResidual
 
 
 class ScaledNorm(nn.Module):
@@ -24,7 +24,7 @@ class ScaledNorm(nn.Module):
 
 
 @register("lnscale")
-class LNScale(PreLN):
+class LNScale(PreNorm):
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         # `layer` counts from 0: the paper's layer l = layer + 1
         return PreNormResidual(sublayer, ScaledNorm(self.norm(sublayer.d_model), 1.0 / math.sqrt(layer + 1)))

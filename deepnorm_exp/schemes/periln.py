@@ -7,7 +7,7 @@ from __future__ import annotations
 from torch import nn
 
 from . import register
-from .pre import PreLN
+from .pre import PreNorm
 
 
 class PeriNormResidual(nn.Module):
@@ -20,6 +20,6 @@ class PeriNormResidual(nn.Module):
 
 
 @register("periln")
-class PeriLN(PreLN):
+class PeriLN(PreNorm):
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         return PeriNormResidual(sublayer, self.norm(sublayer.d_model), self.norm(sublayer.d_model))

@@ -1,11 +1,15 @@
-"""Post-LN (Vaswani et al., 2017): x_{l+1} = LN(alpha * x_l + G(x_l)), with alpha = 1."""
+"""Post-LN (Vaswani et al., 2017): x_{l+1} = LN(alpha * x_l + G(x_l)), with alpha = 1.
+
+`PostNorm` is the structure, which DeepNorm and Admin build on; `PostLN` (`norm=post`) is the paper's
+baseline: that structure, initialised as its codebase did (`norm.init`, schemes/base.py: BaselineInit).
+"""
 
 from __future__ import annotations
 
 from torch import nn
 
 from . import register
-from .base import NormedConfig, NormScheme
+from .base import BaselineConfig, BaselineInit, NormedConfig, NormScheme
 
 
 class PostNormResidual(nn.Module):
@@ -22,9 +26,13 @@ class PostNormResidual(nn.Module):
         return f"alpha={self.alpha:.6g}"
 
 
-@register("post")
-class PostLN(NormScheme):
+class PostNorm(NormScheme):
     Config = NormedConfig
 
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         return PostNormResidual(sublayer, self.norm(sublayer.d_model), self.alpha(stack))
+
+
+@register("post")
+class PostLN(BaselineInit, PostNorm):
+    Config = BaselineConfig

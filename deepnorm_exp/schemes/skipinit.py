@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from . import register
 from .base import NormedConfig
 from .branch import BranchScaledResidual
-from .pre import PreLN
+from .pre import PreNorm
 
 
 @dataclass
@@ -28,7 +28,7 @@ class SkipInitConfig(NormedConfig):
 
 
 @register("skipinit")
-class SkipInit(PreLN):
+class SkipInit(PreNorm):
     Config = SkipInitConfig
     cfg: SkipInitConfig
 

@@ -14,11 +14,11 @@ from torch import nn
 
 from . import register
 from .deepnorm import BETA_ROLES
-from .pre import PreLN
+from .pre import PreNorm
 
 
 @register("subln")
-class SubLN(PreLN):
+class SubLN(PreNorm):
     def beta(self, stack: str) -> float:  # reported as beta: the init gain of fc1, fc2, v, out
         n, m = self.depths.get("encoder"), self.depths.get("decoder")
         if n is not None and m is not None:

@@ -60,12 +60,18 @@ class ScalarMetrics(Callback):
 
 
 class Evaluation(Callback):
-    """Held-out loss every `every` steps and after the last one."""
+    """Held-out loss every `every` steps and after the last one, and of the initial weights (`initial`: the
+    loss at initialisation, which LR sensitivity counts a failed rate as; Wortsman et al. 2023)."""
 
     def __init__(self, every: int, evaluate: Callable[[], float]):
         self.every, self.evaluate = every, evaluate
         self.last: float | None = None
         self.last_step = 0
+        self.initial: float | None = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if trainer.step == 0:  # a resumed run has its initial loss from the checkpoint
+            self.initial = self.evaluate()
 
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
         if is_due(out.step, self.every, trainer.steps):
@@ -73,10 +79,11 @@ class Evaluation(Callback):
             trainer.record["eval_loss"] = self.last
 
     def state_dict(self) -> dict:
-        return {"last": self.last, "last_step": self.last_step}
+        return {"last": self.last, "last_step": self.last_step, "initial": self.initial}
 
     def load_state_dict(self, state: dict) -> None:
         self.last, self.last_step = state["last"], state["last_step"]
+        self.initial = state.get("initial")  # a checkpoint from before it was kept: unknown
 
 
 class DivergenceDetector(Callback):

@@ -1,0 +1,125 @@
+"""Final loss against learning rate, per scheme and depth (Wortsman et al. 2023, "Small-scale proxies for
+large-scale Transformer training instabilities"), and each scheme at its own best rate.
+
+The rules, fixed before the study's runs were made (conf/experiment/lr_study.yaml says the same):
+
+* A seed's loss at a rate is its final eval loss, capped at its loss at initialisation (`initial_eval_loss`):
+  min(loss(lr), loss at init), so a rate that diverged or trained into a worse state than the start counts as
+  no better than the start. A diverged run counts as its initial loss; a run that failed (crashed) or has not
+  finished is left out and counted.
+* The best rate of a scheme at a depth: the grid rate with the lowest mean capped loss over the seeds. A best
+  rate at either end of the grid is flagged: the optimum may lie beyond.
+* LR sensitivity: the mean over the grid of [mean capped loss(lr) - the best mean capped loss]: 0 when every
+  rate is as good as the best, large when few rates train.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from .plots import depth_color, empty, norms_in, panels
+
+LR = "train.lr"
+
+
+def capped_losses(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run that ended (completed or diverged): norm, depth, seed, lr, `loss` = min(eval loss, loss at
+    initialisation) with a diverged or non-finite loss counted as the loss at initialisation."""
+    if runs.empty or LR not in runs:
+        return pd.DataFrame(columns=["norm", "depth", "seed", "lr", "loss", "status"])
+    ended = runs[runs["status"].isin(("completed", "diverged"))].copy()
+    initial = pd.to_numeric(ended.get("initial_eval_loss", pd.Series(np.nan, index=ended.index)), errors="coerce")
+    final = pd.to_numeric(ended["eval_loss"], errors="coerce")
+    final = final.where(ended["status"].eq("completed") & np.isfinite(final), np.inf)
+    ended["loss"] = np.fmin(final, initial.fillna(np.inf))
+    ended["lr"] = ended[LR].astype(float)
+    ended["depth"] = ended["depth"].astype(int)
+    return ended[["norm", "depth", "seed", "lr", "loss", "status"]].reset_index(drop=True)
+
+
+def lr_curves(runs: pd.DataFrame) -> pd.DataFrame:
+    """norm, depth, lr -> mean and std of the capped loss over the seeds, the seeds counted, the diverged."""
+    losses = capped_losses(runs)
+    if losses.empty:
+        return pd.DataFrame(columns=["norm", "depth", "lr", "mean", "std", "seeds", "diverged"])
+    grouped = losses.groupby(["norm", "depth", "lr"])
+    return pd.DataFrame({"mean": grouped["loss"].mean(), "std": grouped["loss"].std(), "seeds": grouped["loss"].size(),
+                         "diverged": grouped["status"].apply(lambda s: int(s.eq("diverged").sum()))}).reset_index()
+
+
+def lr_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per scheme and depth: the best rate, the loss there (mean, std over seeds), LR sensitivity, whether the
+    best rate lies at an end of the grid, the grid's size and the runs left out (failed or unfinished)."""
+    curves = lr_curves(runs)
+    rows = []
+    for (norm, depth), curve in curves.groupby(["norm", "depth"]):
+        curve = curve.sort_values("lr")
+        if not np.isfinite(curve["mean"]).any():
+            continue
+        best = curve.loc[curve["mean"].idxmin()]
+        edge = "low" if best["lr"] == curve["lr"].min() else "high" if best["lr"] == curve["lr"].max() else ""
+        group = runs[(runs["norm"] == norm) & (runs["depth"].astype(int) == depth)]
+        rows.append({"norm": norm, "depth": int(depth), "best_lr": float(best["lr"]), "loss": float(best["mean"]),
+                     "loss_std": float(best["std"]) if pd.notna(best["std"]) else math.nan,
+                     "seeds": int(best["seeds"]), "sensitivity": float((curve["mean"] - best["mean"]).mean()),
+                     "edge": edge, "rates": len(curve),
+                     "left_out": int(len(group) - group["status"].isin(("completed", "diverged")).sum())})
+    return pd.DataFrame(rows, columns=["norm", "depth", "best_lr", "loss", "loss_std", "seeds", "sensitivity",
+                                       "edge", "rates", "left_out"])
+
+
+def best_rate_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """norm x depth: "loss ± std at lr" of each scheme at its own best rate ("(edge)" where the best rate is an
+    end of the grid)."""
+    if summary.empty:
+        return pd.DataFrame()
+    cells: dict[str, dict[int, str]] = {}
+    for row in summary.itertuples():
+        text = f"{row.loss:.3f}" + (f" ± {row.loss_std:.3f}" if math.isfinite(row.loss_std) else "")
+        text += f" at {row.best_lr:g}" + (f" ({row.edge} edge)" if row.edge else "")
+        cells.setdefault(row.norm, {})[row.depth] = text
+    table = pd.DataFrame(cells).T.reindex(norms_in(summary))
+    table = table[sorted(table.columns)]
+    table.index.name, table.columns.name = "norm", "depth"
+    return table.fillna("")
+
+
+def sensitivity_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """norm x depth: LR sensitivity, and per scheme how far its best rate moves from the shallowest depth to
+    the deepest (their ratio; 1: it does not move on this grid)."""
+    if summary.empty:
+        return pd.DataFrame()
+    table = summary.pivot(index="norm", columns="depth", values="sensitivity").reindex(norms_in(summary))
+    moves = {}
+    for norm, rows in summary.sort_values("depth").groupby("norm"):
+        moves[norm] = rows["best_lr"].iloc[-1] / rows["best_lr"].iloc[0]
+    table["best lr, deepest / shallowest"] = pd.Series(moves)
+    table.columns.name = "depth"
+    return table
+
+
+def lr_figure(runs: pd.DataFrame):
+    """Final loss (capped at the loss at initialisation) against learning rate, a panel per scheme, a line per
+    depth (mean over seeds, bars: std); a circle marks each depth's best rate."""
+    curves = lr_curves(runs)
+    if curves.empty:
+        return empty("Loss against learning rate", "no runs at several learning rates (experiment=lr_study)")
+    norms = norms_in(curves)
+    color = depth_color(curves["depth"])
+    fig, axes = panels(len(norms), "Final eval loss against learning rate (capped at the loss at initialisation)")
+    for ax, norm in zip(axes, norms):
+        for depth, curve in curves[curves["norm"] == norm].groupby("depth"):
+            curve = curve.sort_values("lr")
+            ax.errorbar(curve["lr"], curve["mean"], yerr=curve["std"].fillna(0), color=color(depth), marker=".",
+                        capsize=2, label=f"L{depth}")
+            best = curve.loc[curve["mean"].idxmin()]
+            ax.plot([best["lr"]], [best["mean"]], marker="o", markersize=9, markerfacecolor="none",
+                    color=color(depth))
+        ax.set(xscale="log", xlabel="learning rate", title=norm)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0].set_ylabel("eval loss")
+    return fig

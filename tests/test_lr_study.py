@@ -1,0 +1,57 @@
+"""The LR study's rules (deepnorm_exp/analysis/lr_study.py) on hand-made records, against values worked by
+hand: the capped loss, the best rate, LR sensitivity, the edge flag, the runs left out."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from deepnorm_exp.analysis.lr_study import best_rate_table, capped_losses, lr_summary, sensitivity_table
+
+INIT = 5.5
+
+
+def run(norm, depth, lr, seed, loss, status="completed", initial=INIT):
+    return {"norm": norm, "depth": depth, "train.lr": lr, "seed": seed, "eval_loss": loss, "status": status,
+            "initial_eval_loss": initial}
+
+
+@pytest.fixture
+def runs():
+    return pd.DataFrame([
+        run("post", 6, 1e-3, 0, 3.0), run("post", 6, 1e-3, 1, 3.2),
+        run("post", 6, 1e-2, 0, 3.5), run("post", 6, 1e-2, 1, 2.0, status="diverged"),  # counts as 5.5
+        run("post", 6, 1e-1, 0, 6.0), run("post", 6, 1e-1, 1, float("nan")),  # capped at 5.5; NaN -> 5.5
+        run("post", 6, 1e-1, 2, 1.0, status="failed"),  # a crash: left out, counted
+        run("pre", 6, 1e-3, 0, 4.0), run("pre", 6, 1e-2, 0, 3.0), run("pre", 6, 1e-1, 0, 3.6),
+        run("pre", 24, 1e-3, 0, 4.2), run("pre", 24, 1e-2, 0, 4.1), run("pre", 24, 1e-1, 0, 2.9),
+    ])
+
+
+def test_a_seeds_loss_is_capped_at_its_loss_at_initialisation_and_a_divergence_counts_as_that(runs):
+    losses = capped_losses(runs).set_index(["norm", "depth", "lr", "seed"])["loss"]
+    assert losses[("post", 6, 1e-2, 1)] == INIT and losses[("post", 6, 1e-1, 0)] == INIT
+    assert losses[("post", 6, 1e-1, 1)] == INIT and losses[("post", 6, 1e-3, 0)] == 3.0
+    assert ("post", 6, 1e-1, 2) not in losses.index
+
+
+def test_best_rate_loss_sensitivity_and_edges_as_worked_by_hand(runs):
+    summary = lr_summary(runs).set_index(["norm", "depth"])
+    post = summary.loc[("post", 6)]
+    # means over seeds: 1e-3 -> 3.1, 1e-2 -> (3.5 + 5.5) / 2 = 4.5, 1e-1 -> 5.5
+    assert post["best_lr"] == 1e-3 and post["loss"] == pytest.approx(3.1)
+    assert post["loss_std"] == pytest.approx(math.sqrt(0.02))
+    assert post["sensitivity"] == pytest.approx(((3.1 - 3.1) + (4.5 - 3.1) + (5.5 - 3.1)) / 3)
+    assert (post["edge"], post["rates"], post["left_out"]) == ("low", 3, 1)
+    pre6, pre24 = summary.loc[("pre", 6)], summary.loc[("pre", 24)]
+    assert (pre6["best_lr"], pre6["edge"]) == (1e-2, "") and pre6["sensitivity"] == pytest.approx((1.0 + 0 + 0.6) / 3)
+    assert (pre24["best_lr"], pre24["edge"]) == (1e-1, "high")
+
+
+def test_the_tables_show_each_scheme_at_its_own_rate_and_how_far_the_rate_moves_with_depth(runs):
+    summary = lr_summary(runs)
+    table = best_rate_table(summary)
+    assert table.loc["post", 6] == "3.100 ± 0.141 at 0.001 (low edge)"
+    assert table.loc["pre", 24] == "2.900 at 0.1 (high edge)" and table.loc["post", 24] == ""
+    moves = sensitivity_table(summary)["best lr, deepest / shallowest"]
+    assert moves["pre"] == pytest.approx(10.0) and moves["post"] == pytest.approx(1.0)
