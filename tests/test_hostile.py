@@ -338,6 +338,11 @@ def test_the_results_page_is_not_replaced_from_records_that_lack_its_studies(tmp
         main([str(root), "--out", str(docs)])
     assert exit.value.code == 2 and "quickstart (0 of 6 runs here)" in capsys.readouterr().err
     assert (docs / "results.md").read_text() == page
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:presets -->\nthe presets' times\n<!-- /results:presets -->\n")
+    with pytest.raises(SystemExit):
+        main([str(root), "--out", str(docs), "--readme", str(readme)])
+    assert "the presets' times" in readme.read_text()  # a block that summarizes every study waits for the page
     main([str(root), "--out", str(docs), "--allow-missing"])
     assert "<!-- study:quickstart runs=0 -->" in (docs / "results.md").read_text()
 

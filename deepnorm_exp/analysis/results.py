@@ -266,10 +266,11 @@ def _commit() -> str:
 
 
 # -- the README's generated blocks -------------------------------------------------------------------
-def readme_blocks(root: Path, evidence: Optional[Evidence] = None) -> dict[str, str]:
+def readme_blocks(root: Path, evidence: Optional[Evidence] = None, every_study: bool = True) -> dict[str, str]:
     """NAME -> the block's new text, for the studies that have runs: `quickstart` and `zoo` (the table and the
     time, once the sweep has finished), `frontier` (each cell's bracket and the law, once frontier.json is
-    written), `presets` (every preset's command and time here), `claims` (the verdicts' tally)."""
+    written), and, where the records hold every study the page shows (`every_study`), `presets` (every
+    preset's command and time here) and `claims` (the verdicts' tally), which summarize them all."""
     evidence, blocks = evidence or Evidence(root), {}
     # A table's block waits for its whole sweep: a sweep in progress would replace it with a few rows.
     if evidence.finished("quickstart"):
@@ -287,6 +288,8 @@ def readme_blocks(root: Path, evidence: Optional[Evidence] = None) -> dict[str, 
                               "log(depth):\n\n" + frontier_law_text(evidence.frontier_law("frontier_depth")))
     if evidence.finished("zoo_depth_sweep"):
         blocks["zoo"] = loss_table_block(evidence, root, "zoo_depth_sweep")
+    if not every_study:
+        return blocks
     if any(not evidence.runs(study.name).empty for study in STUDIES):
         blocks["presets"] = times_table(evidence, root)
     verdicts = judge(evidence)
@@ -338,14 +341,16 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.error(f"--readme {args.readme}: no such file")
     evidence = Evidence(args.root)  # every record read once, for the page and the README alike
     lost = [] if args.allow_missing else records_missing(Path(args.out) / "results.md", evidence)
+    if not lost:
+        print(f"results: {build_results(args.root, args.out, evidence).resolve()}")
+    if args.readme:  # the blocks of the studies here; those that summarize every study wait for the page
+        done = update_readme(Path(args.readme), readme_blocks(Path(args.root), evidence, every_study=not lost))
+        print(f"{args.readme}: rewrote {', '.join(done) or 'no block (no study it shows has runs)'}")
     if lost:
         parser.exit(2, f"{parser.prog}: error: {Path(args.out) / 'results.md'} shows runs that {args.root}/ does "
-                       f"not hold: {'; '.join(lost)}; writing it would replace their results. Bring the records "
-                       "back (or run the studies), or --allow-missing to write it anyway\n")
-    print(f"results: {build_results(args.root, args.out, evidence).resolve()}")
-    if args.readme:
-        done = update_readme(Path(args.readme), readme_blocks(Path(args.root), evidence))
-        print(f"{args.readme}: rewrote {', '.join(done) or 'no block (no study it shows has runs)'}")
+                       f"not hold: {'; '.join(lost)}; writing it would replace their results, so it is left as it "
+                       "is (and the README's presets and claims blocks). Bring the records back (or run the "
+                       "studies), or --allow-missing to write it anyway\n")
 
 
 if __name__ == "__main__":
