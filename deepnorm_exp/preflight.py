@@ -154,9 +154,12 @@ def planned_world_size(launcher: DictConfig) -> int:
     return launch_environment()[1]
 
 
-def composed(cfg: DictConfig, hydra_node: DictConfig, override_dirname: str) -> ComposedJob:
-    return ComposedJob(cfg, override_dirname, str(hydra_node.launcher.get("_target_", "")),
-                       planned_world_size(hydra_node.launcher))
+def composed(cfg: DictConfig, hydra_node: DictConfig, override_dirname: str, launched: bool = True) -> ComposedJob:
+    """`launched`: the job goes through the launcher (a sweep's); a single run trains in this process."""
+    from .runtime import launch_environment
+
+    world_size = planned_world_size(hydra_node.launcher) if launched else launch_environment()[1]
+    return ComposedJob(cfg, override_dirname, str(hydra_node.launcher.get("_target_", "")), world_size)
 
 
 class JobComposer:
@@ -267,13 +270,14 @@ def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tup
     if task_function is None:
         from .__main__ import train as task_function
     args = get_args_parser().parse_args(list(argv))
+    _checked.clear()  # what this command checked, not an earlier one in the same process
     with hydra_command(args, task_function) as command:
         if not command.multirun:
             cfg = command.compose(command.overrides, RunMode.RUN)
             hydra_node = cfg.hydra
             with open_dict(cfg):
                 del cfg["hydra"]
-            job = composed(cfg, hydra_node, hydra_node.job.override_dirname)
+            job = composed(cfg, hydra_node, hydra_node.job.override_dirname, launched=False)
             return [check_job(command.overrides, job, True)], False
         master = command.compose(command.overrides, RunMode.MULTIRUN)
         jobs, fixed = planned_jobs(command, master, task_function)

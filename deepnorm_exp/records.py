@@ -153,8 +153,12 @@ def manifest_damage(directory: Path, expected: dict[str, list], skip: tuple[str,
     """Why `directory` differs from the manifest `expected` (a file missing, of another size or content, or
     one it does not list), or None if every file is as it was written. `skip`: files the manifest leaves out."""
     directory = Path(directory)
+    if not isinstance(expected, dict) or not all(isinstance(v, list) and len(v) == 2 for v in expected.values()):
+        return "its manifest is malformed"
     for name, (size, digest) in expected.items():
         path = directory / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            return f"its manifest names a file outside it: {name!r}"
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != size:

@@ -396,8 +396,6 @@ def test_the_default_sweeper_validates_only_the_jobs_the_preflight_did_not_check
 
     jobs, _ = preflight(["-m", "norm=post,pre", *TINY, f"paths.runs={tmp_path}", "logger=none"])
     assert checked_sweeper_override(jobs) == ["hydra/sweeper=checked"]  # what the command launches with
-    frontier, _ = preflight(["-m", "hydra/sweeper=frontier", "norm=post,pre", *TINY, f"paths.runs={tmp_path}"])
-    assert checked_sweeper_override(frontier) == []  # a sweeper chosen otherwise is launched as it is
     validated = []
     monkeypatch.setattr(BasicSweeper, "validate_batch_is_legal", lambda self, batch: validated.append(batch))
     sweeper = CheckedSweeper(max_batch_size=None, params=None)
@@ -406,3 +404,64 @@ def test_the_default_sweeper_validates_only_the_jobs_the_preflight_did_not_check
     unchecked = [*jobs[0].overrides, "depth=3"]
     sweeper.validate_batch_is_legal([jobs[0].overrides, unchecked])
     assert validated == [[unchecked]]
+    frontier, _ = preflight(["-m", "hydra/sweeper=frontier", "norm=post,pre", *TINY, f"paths.runs={tmp_path}"])
+    assert checked_sweeper_override(frontier) == []  # a sweeper chosen otherwise is launched as it is
+
+
+# -- found by a review of the above ----------------------------------------------------------------------------
+def test_dcp_metadata_that_names_a_file_outside_its_directory_is_refused(saved, tmp_path):
+    from deepnorm_exp.train.dcp_safety import MetadataUnpickler
+
+    directory, _ = saved
+    metadata = MetadataUnpickler(io.BytesIO((directory / ".metadata").read_bytes())).load()
+    torch.save({"w": torch.zeros(3)}, tmp_path / "victim.pt")
+    for info in metadata.storage_data.values():
+        info.relative_path = "../victim.pt"
+    (directory / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(RecordError, match="names a file outside it"):
+        restored_weights(directory)
+
+
+def test_a_checkpoint_file_cannot_point_the_restore_at_another_directory(tmp_path):
+    torch.save({"step": 3, "sharded": str(tmp_path / "elsewhere")}, tmp_path / "checkpoint.pt")
+    assert "sharded" not in checkpoint.load(tmp_path / "checkpoint.pt")
+
+
+@pytest.mark.parametrize("files, why", [({"a": 3}, "malformed"), ([1], "malformed"),
+                                        ({"../x": [1, "00"]}, "outside")])
+def test_a_malformed_manifest_is_damage_not_a_traceback(saved, files, why):
+    directory, _ = saved
+    with pytest.raises(RecordError, match=why):
+        sharded.verify(directory, files)
+
+
+def test_each_preflight_checks_its_own_jobs_and_a_single_run_trains_in_this_process(tmp_path):
+    from deepnorm_exp.preflight import preflight, was_checked
+
+    from conftest import TINY
+
+    args = [*TINY, f"paths.runs={tmp_path}", "logger=none"]
+    basic, _ = preflight(["-m", "norm=post,pre", *args])
+    assert all(was_checked(job.overrides) for job in basic)
+    preflight(["-m", "hydra/sweeper=frontier", "norm=post,pre", *args])
+    assert not any(was_checked(job.overrides) for job in basic)  # an earlier command's checks do not carry over
+    # not a sweep: the launcher's 8 tasks per node do not apply to it (it trains here, on one process)
+    preflight(["hydra/launcher=slurm_multigpu", *args, "train.batch_size=4"])
+
+
+def test_a_run_waits_out_a_readers_probe_of_its_lock_but_not_a_run(tmp_path):
+    import threading
+
+    from deepnorm_exp.lifecycle.runlock import RunLock
+
+    holder = RunLock(tmp_path)
+    assert holder.acquire()
+    threading.Timer(0.2, holder.release).start()
+    waiting = RunLock(tmp_path)
+    assert waiting.acquire(patience=2.0)  # released within its patience
+    waiting.release()
+    assert holder.acquire()
+    try:
+        assert not RunLock(tmp_path).acquire(patience=0.2)
+    finally:
+        holder.release()

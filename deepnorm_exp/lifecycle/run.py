@@ -139,7 +139,7 @@ def _plan(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
     """The main process's decision for a run directory, under its lock: ("train", resuming), ("skip",
     summary) or ("error", the exception), so that every rank can act on it."""
     try:
-        if not lock.acquire():
+        if not lock.acquire(patience=1.0):
             log.warning("%s: another process is running it; leaving it to that one", out_dir)
             return "skip", {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
         check_claim(out_dir, cfg)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 
@@ -20,14 +21,21 @@ class FileLock:
         self.path = path
         self.fd: int | None = None
 
-    def acquire(self, wait: bool = False) -> bool:
+    def acquire(self, wait: bool = False, patience: float = 0.0) -> bool:
+        """`patience`: seconds to keep trying before giving up (a reader's probe, `held_elsewhere`, holds a
+        shared lock for microseconds; a run holds its lock for the whole run)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return False
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
@@ -60,9 +68,11 @@ def held_elsewhere(run_dir: Path) -> bool:
     except OSError:
         return False  # no lock file: never run by this harness, or not since it was copied
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts only with the run's exclusive lock
     except BlockingIOError:
         return True
+    except OSError:
+        return False  # a file system whose locks need write access (NFS): unknown, said as not running
     finally:
         os.close(fd)  # closing releases the lock if this took it
     return False

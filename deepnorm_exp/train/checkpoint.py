@@ -131,6 +131,7 @@ def load(path: Path) -> dict:
         raise damaged(path, f"{type(e).__name__}: {first_line(e)}") from None
     if not isinstance(state, dict) or "step" not in state:
         raise damaged(path, "not a checkpoint of this harness")
+    state.pop("sharded", None)  # set by load_run alone: a file must not point the restore at another directory
     return state
 
 

@@ -55,6 +55,10 @@ class SafeMetadataReader(FileSystemReader):
             raise damaged(Path(self.path), f"{Path(path).name}: {type(e).__name__}: {first_line(e)}") from None
         if not isinstance(metadata, Metadata):
             raise damaged(Path(self.path), f"{Path(path).name} holds a {type(metadata).__name__}, not DCP's Metadata")
+        for info in (metadata.storage_data or {}).values():  # DCP reads these files: only the checkpoint's own
+            name = getattr(info, "relative_path", None)
+            if not isinstance(name, str) or Path(name).name != name or not (Path(self.path) / name).is_file():
+                raise damaged(Path(self.path), f"{Path(path).name} names a file outside it: {name!r}")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
