@@ -112,6 +112,8 @@ class LoggerConfig:
 class PathsConfig:
     runs: str = "${repo_root:}/runs"
     cache: str = "${paths.runs}/.cache"
+    # submitit's job files (pickles it unpickles on the nodes): the user's own, never a shared run tree
+    submitit: str = "${oc.env:HOME}/.cache/deepnorm_exp/submitit"
 
 
 @dataclass

@@ -42,7 +42,7 @@ def runs_root(tmp_path):
 @pytest.fixture
 def tiny(runs_root):
     """Overrides for a tiny run recorded under a temporary runs root, without W&B."""
-    return [*TINY, f"paths.runs={runs_root}", "logger=none"]
+    return [*TINY, f"paths.runs={runs_root}", "logger=none", f"paths.submitit={runs_root.parent / 'submitit'}"]
 
 
 def run_cli(*args, timeout=300, env_extra=None, cwd=REPO):

@@ -247,9 +247,11 @@ def test_ranks_leave_without_the_interpreters_teardown(tmp_path):
 
 def test_a_submitit_job_with_two_tasks_trains_one_run_on_two_ranks(tmp_path):
     result = run_cli("-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", *COMMON,
-                     f"paths.runs={tmp_path}", env_extra={"OMP_NUM_THREADS": "1"}, timeout=400)
+                     f"paths.runs={tmp_path / 'runs'}", f"paths.submitit={tmp_path / 'submitit'}",
+                     env_extra={"OMP_NUM_THREADS": "1"}, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
-    run = only_run(tmp_path)
+    run = only_run(tmp_path / "runs")
+    assert not list((tmp_path / "runs").rglob("*.pkl")) and list((tmp_path / "submitit").rglob("*.pkl"))
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["status"], summary["world_size"], summary["parallel"]) == ("completed", 2, "ddp")
     assert len(metrics(run)) == STEPS

@@ -159,7 +159,9 @@ def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_u
             "metrics.layer_every=0", "model.dropout=0.1"]
     straight = run_cli(*args, f"paths.runs={runs_root / 'straight'}")
     assert straight.returncode == 0, straight.stderr
-    run = PausedRun(["-m", "hydra/launcher=submitit_local", *args], step=200, directory=runs_root.parent / "pause")
+    submitit = runs_root.parent / "submitit"
+    run = PausedRun(["-m", "hydra/launcher=submitit_local", *args, f"paths.submitit={submitit}"], step=200,
+                    directory=runs_root.parent / "pause")
     task = run.wait_paused()  # submitit's job process, paused at step 200
     os.kill(task, signal.SIGUSR2)
     run.resume()
@@ -168,7 +170,8 @@ def test_submitit_preemption_signal_checkpoints_requeues_and_the_run_completes_u
     (run_dir,) = [m.parent for m in (runs_root / "default").glob("*/metrics.jsonl")]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from_step"] == 200
-    log = "".join(p.read_text() for p in (runs_root / "default" / ".submitit").glob("*/*_log.out"))
+    log = "".join(p.read_text() for p in (submitit / "default").glob("*/*_log.out"))
+    assert not list(runs_root.rglob("*.pkl"))  # no pickle in the run tree (submitit unpickles its own)
     assert "Requeued job" in log
     lines = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
     (straight_dir,) = [m.parent for m in (runs_root / "straight" / "default").glob("*/metrics.jsonl")]
