@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast bench report notebooks results clean-runs
+.PHONY: install run test test-fast bench report notebooks results gpu-study clean-runs
 EXPERIMENT ?= quickstart
 
 $(STAMP): pyproject.toml
@@ -33,13 +33,21 @@ report: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m deepnorm_exp.analysis.notebooks runs/$(EXPERIMENT)
 
-# docs/results.md and its figures from every study under runs/, and the README's generated blocks (the
-# claims' tally, the presets' times, the quick start's, zoo's and frontier's tables) from the same records.
+# docs/results.md and its figures from every study's records (runs/<study>/published/, packed first from
+# the raw runs where there are any), the README's generated blocks (the claims' tally, the presets' times,
+# the quick start's, zoo's and frontier's tables) and conf/tuned_lr/lr_study.yaml from the same records.
 RUNS ?= runs
 DOCS ?= docs
 README ?= README.md
+CONF ?= conf
 results: $(STAMP)
-	$(PY) -m deepnorm_exp.analysis.results $(RUNS) --out $(DOCS) $(if $(README),--readme $(README))
+	$(PY) -m deepnorm_exp.analysis.results $(RUNS) --out $(DOCS) $(if $(README),--readme $(README)) $(if $(CONF),--conf $(CONF))
+
+# The depth comparison at the paper's width on one GPU (conf/experiment/gpu_depth.yaml; under 8 minutes on an
+# H200), then the page from every study's records, its own included.
+gpu-study: $(STAMP)
+	$(PY) -m deepnorm_exp -m experiment=gpu_depth
+	$(MAKE) results
 
 # Every test, the end-to-end CLI runs (marked slow) included.
 test: $(STAMP)

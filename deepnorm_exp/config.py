@@ -26,6 +26,23 @@ def untuned_warmup(beta2: float) -> int:
     return round(2 / (1 - float(beta2)))
 
 
+def tuned_lr(*, _root_: DictConfig) -> float:
+    """`train.lr: ${tuned_lr:}`: this run's scheme's best rate at this depth, from the table `tuned_lr` holds
+    (conf/tuned_lr/<study>.yaml, which `make results` writes from that study's records)."""
+    table = OmegaConf.select(_root_, "tuned_lr", default=None)
+    if table is None:
+        raise ValueError("${tuned_lr:} needs a table: tuned_lr=lr_study (in a preset's defaults: "
+                         "`- override /tuned_lr: lr_study`)")
+    norm, depth = OmegaConf.select(_root_, "norm.name"), OmegaConf.select(_root_, "depth")
+    rate = OmegaConf.select(table, f"rates.{norm}.L{depth}", default=None)
+    if rate is None:
+        cells = "; ".join(f"{n} at " + ", ".join(str(d) for d in by_depth) for n, by_depth in table.rates.items())
+        raise ValueError(f"{table.source} measured no best rate for {norm} at depth {depth} (it has: {cells})")
+    return float(rate)
+
+
+if not OmegaConf.has_resolver("tuned_lr"):
+    OmegaConf.register_new_resolver("tuned_lr", tuned_lr)
 if not OmegaConf.has_resolver("repo_root"):
     OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
 if not OmegaConf.has_resolver("untuned_warmup"):
@@ -117,6 +134,15 @@ class PathsConfig:
 
 
 @dataclass
+class TunedLrConfig:
+    """Best learning rates measured by a study, per scheme and depth: conf/tuned_lr/<study>.yaml, generated."""
+
+    source: str = MISSING  # the study (conf/experiment/<source>.yaml) whose records the rates come from
+    rule: str = MISSING  # how the rate was chosen
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)  # norm -> "L<depth>" -> lr
+
+
+@dataclass
 class Config:
     norm: Any = MISSING
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -132,6 +158,7 @@ class Config:
     resume: bool = True  # skip finished runs, continue unfinished ones from their checkpoint
     memory_check: bool = True  # refuse a run whose estimated training memory exceeds the device's
     experiment_name: str = "default"
+    tuned_lr: Optional[TunedLrConfig] = None  # a table `train.lr: ${tuned_lr:}` reads (budget_study)
 
 
 ConfigStore.instance().store(name="base_config", node=Config)

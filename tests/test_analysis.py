@@ -13,6 +13,7 @@ import pytest
 from matplotlib.figure import Figure
 
 import deepnorm_exp
+from deepnorm_exp.analysis.claims import CLAIMS
 from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_records, load_scalars,
                                    plots)
 from deepnorm_exp.analysis.report import write_report
@@ -256,14 +257,14 @@ def test_make_results_writes_the_page_and_the_readme_blocks_from_a_tiny_sweep(sw
     them (checked against the summaries read here), the others say how to run them, every figure exists and
     is small, and the README's generated blocks are rewritten from the same records."""
     root = tmp_path / "runs"
-    for study in ("paper_depth_sweep", "model_update", "quickstart"):
+    for study in ("paper_depth_sweep", "model_update", "quickstart", "lr_study"):
         shutil.copytree(sweep, root / study)
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:quickstart -->\nold table\n<!-- /results:quickstart -->\nmiddle\n"
                       "<!-- results:claims -->\nold tally\n<!-- /results:claims -->\n<!-- results:zoo -->\nkept\n"
                       "<!-- /results:zoo -->\n<!-- results:presets -->\nold times\n<!-- /results:presets -->\n")
     proc = subprocess.run(["make", "-s", "results", f"PY={sys.executable}", "STAMP=", f"RUNS={root}",
-                           f"DOCS={tmp_path / 'docs'}", f"README={readme}"], cwd=REPO, capture_output=True, text=True,
+                           f"DOCS={tmp_path / 'docs'}", f"README={readme}", f"CONF={tmp_path / 'conf'}"], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "docs" / "results.md").read_text()
@@ -271,7 +272,7 @@ def test_make_results_writes_the_page_and_the_readme_blocks_from_a_tiny_sweep(sw
     assert "Not run yet." not in sections["Depth sweep, decoder-only"] + sections["Quick start"]
     assert "Not run yet." in sections["Depth sweep, encoder-decoder"] and "Not run yet." in sections["The zoo"]
     images = re.findall(r"!\[[^\]]*\]\((results/[^)]+\.png)\)", page)
-    assert len(images) == 4  # depth stability, model update, LN inputs, per-layer gradients
+    assert len(images) == 5  # depth stability, model update, LN inputs, per-layer gradients, loss against lr
     for image in images:
         assert 1_000 < (tmp_path / "docs" / image).stat().st_size < 150_000
     # The decoder table's (pre, depth 2) cell, against the summaries read here
@@ -283,19 +284,19 @@ def test_make_results_writes_the_page_and_the_readme_blocks_from_a_tiny_sweep(sw
     rows = [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
             for line in sections["The paper's claims"].splitlines() if line.startswith("| ")][1:]
     claims = [(text, study.strip("`"), outcome.strip("*")) for text, study, _, outcome, _ in rows]
-    assert len(claims) == 15
-    verdict = {text.strip(): outcome for text, study, outcome in claims if study == "paper_depth_sweep"}
+    assert len(claims) == len(CLAIMS)
+    verdict = {text.strip(): outcome for text, study, outcome in claims if study == "lr_study"}
     all_trained = all(s["status"] == "completed" and s["trained"] for s in summaries if s["norm"] == "deepnorm")
     assert verdict["DeepNorm trains at every depth."] == ("reproduced at this scale" if all_trained else "not reproduced")
     assert dict((s, o) for _, s, o in claims)["paper_1000l"] == "not testable here"
     # the tiny sweep's own sweeps.jsonl: its one invocation, timed, with its launcher
-    assert re.search(r"\| `quickstart` \| `[^`]+` \| \d+ (s|min \d\d s) elapsed; 13 runs, \d+ (s|min \d\d s) of run "
+    assert re.search(r"\| `quickstart` \| `[^`]+` \| \d+ steps, warm-up \d+[^|]* \| \d+ (s|min \d\d s) elapsed; 13 runs, \d+ (s|min \d\d s) of run "
                      r"time; BasicLauncher \(with ", sections["Presets: commands and times"])
     text = readme.read_text()
     assert "old table" not in text and "kept" in text and "old tally" not in text and "old times" not in text
-    assert "| `paper_depth_sweep_encdec` | `python -m deepnorm_exp -m experiment=paper_depth_sweep_encdec` | not run yet |" in text
+    assert "| `paper_depth_sweep_encdec` | `python -m deepnorm_exp -m experiment=paper_depth_sweep_encdec` |  | not run yet |" in text
     assert all(s["run_name"] in text for s in summaries)
-    assert re.search(r"Of the paper's 15 claims checked in \[docs/results.md\]", text)
+    assert re.search(rf"Of the paper's {len(CLAIMS)} claims checked in \[docs/results.md\]", text)
 
 
 @pytest.mark.slow
@@ -322,3 +323,39 @@ def test_the_readme_zoo_block_is_the_zoo_sweeps_table_with_its_time_and_referenc
             assert rows[norm][column].startswith(f"{np.mean(losses):.3f} ± {np.std(losses, ddof=1):.3f}")
             stuck = sum(not s["trained"] for s in group)
             assert (f"({stuck}/" in rows[norm][column]) == bool(stuck)
+
+
+@pytest.mark.slow
+def test_published_records_give_back_exactly_what_the_raw_runs_give(sweep, tmp_path):
+    """pack -> load is lossless for everything the analysis reads (runs, scalars, per-layer vectors, events,
+    the sweep's log), packing the same runs again writes the same bytes, and the published records take
+    under half the bytes of the raw directories."""
+    from deepnorm_exp.analysis import published
+    from deepnorm_exp.analysis.claims import Evidence
+
+    study = tmp_path / "runs" / "tiny"
+    shutil.copytree(sweep, study)
+    directory = published.pack(study)
+    files = {p.name: p.read_bytes() for p in directory.iterdir()}
+    assert {"runs.parquet", "scalars.parquet", "layers.parquet", "events.parquet", "sweeps.jsonl",
+            "manifest.json"} <= set(files)
+    raw = deepnorm_exp.load_runs(study)
+    packed = published.load(study)
+    pd.testing.assert_frame_equal(packed.runs(), raw)
+    for name, read in (("scalars", load_scalars), ("layers", load_layer_records), ("events", load_events)):
+        pd.testing.assert_frame_equal(packed.of_runs(name, raw), read(raw))
+        some = raw.iloc[[7, 2, 11]]  # a subset in another order, as at_one_lr hands it over
+        pd.testing.assert_frame_equal(packed.of_runs(name, some), read(some))
+    # Evidence reads the published records when they exist: the same frames with the raw runs gone
+    for run_dir in raw["run_dir"]:
+        shutil.rmtree(run_dir)
+    evidence = Evidence(tmp_path / "runs")
+    pd.testing.assert_frame_equal(evidence.runs("tiny"), raw)
+    assert evidence.finished("tiny") and evidence.study_dir("tiny") == directory
+    # packing the same runs again changes no byte (the page does not churn in git)
+    shutil.rmtree(study)
+    shutil.copytree(sweep, study)
+    published.pack(study)
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == files
+    raw_bytes = sum(p.stat().st_size for p in sweep.rglob("*") if p.is_file())
+    assert sum(map(len, files.values())) < raw_bytes / 2  # 69 kB of 215 kB for these 13 tiny runs

@@ -119,3 +119,28 @@ def test_the_preflight_expands_glob_and_range_as_hydra_does(tmp_path):
     jobs, _ = preflight(["-m", "norm=glob(p*)", "depth=range(2,4)", f"paths.runs={tmp_path}"])
     assert sorted((job.cfg.norm.name, job.cfg.depth) for job in jobs) == [
         ("periln", 2), ("periln", 3), ("post", 2), ("post", 3), ("pre", 2), ("pre", 3)]
+
+
+def test_a_tuned_rate_is_each_schemes_own_per_depth_and_a_cell_without_one_is_refused_in_one_line():
+    """`train.lr: ${tuned_lr:}` (the budget study) reads conf/tuned_lr/lr_study.yaml, the table `make results`
+    writes from the learning-rate study's records: each cell's rate, and one line naming the cells it has
+    for a depth it does not."""
+    table = OmegaConf.load(CONF_DIR / "tuned_lr" / "lr_study.yaml")
+    assert table.source == "lr_study" and table.rates
+    for norm, by_depth in table.rates.items():
+        for depth, rate in by_depth.items():
+            cfg = deepnorm_exp.compose(["experiment=budget_study", f"norm={norm}", f"depth={depth[1:]}"])
+            assert cfg.train.lr == rate
+    with pytest.raises(ConfigError) as err:
+        deepnorm_exp.compose(["experiment=budget_study", "depth=7"])
+    assert err.value.key == "train.lr" and "lr_study measured no best rate for deepnorm at depth 7" in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="needs a table"):
+        deepnorm_exp.compose(["train.lr=${tuned_lr:}"])
+
+
+def test_the_sweep_log_names_the_code_that_ran_it():
+    from deepnorm_exp.sweeps.hydra_callbacks import code_version
+
+    version = code_version()
+    assert set(version) == {"commit", "modified"} and len(version["commit"]) == 12

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from deepnorm_exp.analysis import claims
+from deepnorm_exp.analysis import claims, mechanism
 from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, UNFINISHED, Evidence
 from deepnorm_exp.analysis.results import build_results, markdown_table, update_readme
 from deepnorm_exp.analysis.timing import duration, preset_time, sweep_finished
@@ -24,8 +24,8 @@ def evidence(**frames) -> Evidence:
 
 
 def run(norm, depth, seed=0, status="completed", trained=True, eval_loss=3.0, **extra):
-    return dict(norm=norm, depth=depth, seed=seed, status=status, trained=trained, eval_loss=eval_loss,
-                run_name=f"{norm}-L{depth}-s{seed}", steps=300, **extra)
+    return {**dict(norm=norm, depth=depth, seed=seed, status=status, trained=trained, eval_loss=eval_loss,
+                   run_name=f"{norm}-L{depth}-s{seed}", steps=300), **extra}
 
 
 def sweep(post_trained_at_100: int) -> pd.DataFrame:
@@ -35,6 +35,30 @@ def sweep(post_trained_at_100: int) -> pd.DataFrame:
         if row["norm"] == "post" and row["depth"] == 100 and row["seed"] >= post_trained_at_100:
             row.update(trained=False, eval_loss=4.5)
     return pd.DataFrame(rows)
+
+
+def lr_sweep(post_trained_at_100: int, lr: float = 1e-3) -> pd.DataFrame:
+    """`sweep` as a learning-rate study's runs at one grid rate."""
+    return sweep(post_trained_at_100).assign(**{"train.lr": lr, "initial_eval_loss": 6.0})
+
+
+def test_stability_is_judged_at_each_schemes_own_best_rate():
+    """Post-LN untrained at L100 at the rate the others like, but trained at a lower one, which is its best:
+    judged at each scheme's own best rate it is stable there, and the claim must fail."""
+    low = sweep(post_trained_at_100=3).assign(**{"train.lr": 1e-4, "initial_eval_loss": 6.0})
+    low.loc[low.norm != "post", "eval_loss"] = 4.0  # the others are worse at the low rate
+    low.loc[low.norm == "post", "eval_loss"] = 3.5
+    runs = pd.concat([lr_sweep(post_trained_at_100=0), low], ignore_index=True)
+    check = claims.post_unstable_with_depth("lr_study", claims.best_rates)
+    met, numbers = check(evidence(runs_lr_study=runs))
+    assert met is False and numbers.startswith("Post-LN trained: L6 3/3, L100 3/3")
+    # the same runs read at one rate (the single-rate view) would have said reproduced
+    assert claims.post_unstable_with_depth("lr_study")(evidence(runs_lr_study=lr_sweep(0)))[0] is True
+    # DeepNorm diverging at its best rate at one depth fails "DeepNorm trains at every depth"
+    broken = lr_sweep(0)
+    broken.loc[(broken.norm == "deepnorm") & (broken.depth == 100), "status"] = "diverged"
+    met, numbers = claims.deepnorm_trains_everywhere("lr_study", claims.best_rates)(evidence(runs_lr_study=broken))
+    assert met is False and "L100 0/3" in numbers
 
 
 def test_post_ln_instability_with_depth_is_judged_on_trained_shares():
@@ -75,67 +99,135 @@ def test_deepnorm_everywhere_and_loss_comparisons():
     assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(evidence(runs_paper_depth_sweep=diverged))[0] is False
 
 
-def scalars(post_early=50.0, deep_early=1.0, post_late_step=0.1):
+WARMUP = 20  # the peak learning rate is reached at step 20 in these frames
+DEPTHS = (6, 18, 100)
+
+
+def mech_runs(depths=DEPTHS, seeds=(0, 1)) -> pd.DataFrame:
+    return pd.DataFrame([run(n, d, s, **{
+        "train.warmup_steps": WARMUP, "model.d_model": 64, "alpha.decoder": 2.0 if n == "deepnorm" else np.nan})
+        for n in ("post", "pre", "deepnorm") for d in depths for s in seeds])
+
+
+def mech_scalars(post_growth=3.0, deep_at_peak=1.0, post_late=0.1, depths=DEPTHS, seeds=(0, 1)):
+    """model_update at the peak step (20): DeepNorm `deep_at_peak` at every depth, Post-LN that times
+    post_growth ** log10(depth / 6) (so the ratio grows with depth when post_growth > 1); before the peak,
+    something else entirely (a reading at the wrong step would see it). Per-step change: 1 early and 1 late for
+    every scheme but Post-LN, whose late changes are `post_late` ** log10(depth / 6) ... of its early ones."""
     rows = []
     for norm in ("post", "pre", "deepnorm"):
-        for depth in (6, 1000):
-            for step in range(1, 101):
-                early = {"post": post_early, "pre": 5.0, "deepnorm": deep_early}[norm] * (depth / 1000 if depth == 6 else 1)
-                update = early if step <= 10 else early * 1.01
-                per_step = (early if step <= 10 else post_late_step) if norm == "post" else 1.0
-                rows.append(dict(norm=norm, depth=depth, run_name=f"{norm}-{depth}", step=step,
-                                 model_update=update, model_update_step=per_step))
+        for depth in depths:
+            grow = np.log10(depth / 6)
+            for seed in seeds:
+                peak = {"post": deep_at_peak * post_growth ** grow * 1.5, "pre": 2.0, "deepnorm": deep_at_peak}[norm]
+                peak += 0.001 * seed
+                for step in range(1, 2 * WARMUP + 1):
+                    update = peak if step == WARMUP else 99.0
+                    late = post_late ** grow if norm == "post" else 1.0
+                    rows.append(dict(norm=norm, depth=depth, run_name=f"{norm}-L{depth}-s{seed}", step=step,
+                                     model_update=update, model_update_step=1.0 if step <= WARMUP else late))
     return pd.DataFrame(rows)
 
 
-def test_model_update_claims_read_the_right_windows():
-    e = evidence(scalars_model_update=scalars(), runs_model_update=pd.DataFrame([run("post", 6)]))
+def mech(scalars=None, layers=None, runs=None, **extension) -> Evidence:
+    frames = {"runs_model_update": mech_runs() if runs is None else runs,
+              "scalars_model_update": mech_scalars() if scalars is None else scalars}
+    if layers is not None:
+        frames["layers_model_update"] = layers
+    return evidence(**frames, **extension)
+
+
+def test_the_model_update_explodes_is_a_ratio_to_deepnorm_growing_with_depth_read_at_the_peak():
+    met, numbers = claims.post_update_explodes(mech())
+    assert met and "Post-LN / DeepNorm L6 1.5, L100 5.74" in numbers  # 1.5 * 3 ** log10(100 / 6) = 5.74
+    # the claim is false: Post-LN's update is larger than DeepNorm's, by the same factor at every depth
+    met, numbers = claims.post_update_explodes(mech(mech_scalars(post_growth=1.0)))
+    assert met is False and "L6 1.5, L100 1.5" in numbers
+    # DeepNorm's own update saturated (over 0.8 sqrt(2 * 64) = 9.05): no contrast left to read
+    met, numbers = claims.post_update_explodes(mech(mech_scalars(deep_at_peak=10.0)))
+    assert met is None and "saturated" in numbers
+    # a run without warm-up is read at step 1
+    no_warmup = mech_runs().assign(**{"train.warmup_steps": 0})
+    assert mechanism.peak_steps(no_warmup).eq(1).all()
+
+
+def test_the_paper_range_decides_and_the_thousand_layer_runs_are_shown_beside_it():
+    """At L1000 (the extension) Post-LN's ratio falls back to 1: shown, and the verdict unchanged."""
+    big = mech_scalars(post_growth=1.0, depths=(1000,), seeds=(0,))
+    e = mech(runs_model_update_1000l=mech_runs(depths=(1000,), seeds=(0,)), scalars_model_update_1000l=big)
     met, numbers = claims.post_update_explodes(e)
-    assert met and "(Post-LN / DeepNorm at L1000: 50)" in numbers
-    assert claims.post_update_explodes(evidence(scalars_model_update=scalars(post_early=9.0)))[0] is False
-    met, numbers = claims.post_update_then_stops(e)  # 0.1 late over 50 early; DeepNorm's ratio 1
-    assert met and "post 0.002" in numbers and "deepnorm 1" in numbers
-    assert claims.post_update_then_stops(evidence(scalars_model_update=scalars(post_late_step=6.0)))[0] is False
-    met, numbers = claims.deepnorm_update_bounded(e)  # 1.01 at L1000 over 0.00606 at L6
-    assert not met and "L1000 / L6: 167" in numbers
+    assert met is True and "(extension, not judged, `model_update_1000l`: " in numbers and "L1000" in numbers
+    # the rule reads only 6-100: a study whose deepest depth is 1,000 alone cannot decide
+    only_deep = mech(mech_scalars(depths=(6, 1000)), runs=mech_runs(depths=(6, 1000)))
+    assert claims.post_update_explodes(only_deep)[0] is None
 
 
-def test_model_update_claims_cannot_decide_on_missing_or_broken_records():
-    data = scalars()
-    no_late_pre = data[~((data.norm == "pre") & (data.step > 50))]  # a run that diverged early: no crash
-    assert claims.post_update_then_stops(evidence(scalars_model_update=no_late_pre))[0] is True
-    no_late_post = data[~((data.norm == "post") & (data.step > 50))]
-    assert claims.post_update_then_stops(evidence(scalars_model_update=no_late_post))[0] is None
-    no_deep_deepnorm = data[~((data.norm == "deepnorm") & (data.depth == 1000))]
-    assert claims.post_update_explodes(evidence(scalars_model_update=no_deep_deepnorm))[0] is None
-    assert claims.deepnorm_update_bounded(evidence(scalars_model_update=no_deep_deepnorm))[0] is None  # one depth
-    infinite = data.copy()
+def test_the_update_then_stops_against_deepnorms_own_ratio_and_across_depth():
+    met, numbers = claims.post_update_then_stops(mech())
+    assert met and "Post-LN's over DeepNorm's L6 1, L100 0.06" in numbers  # 0.1 ** log10(100 / 6) = 0.060
+    met, _ = claims.post_update_then_stops(mech(mech_scalars(post_late=1.0)))  # stops no more than DeepNorm
+    assert met is False
+    data = mech_scalars()
+    no_late_post = data[~((data.norm == "post") & (data.step > WARMUP))]
+    assert claims.post_update_then_stops(mech(no_late_post))[0] is None
+
+
+def test_deepnorms_update_is_bounded_when_it_does_not_grow_beyond_the_seeds_spread():
+    met, numbers = claims.deepnorm_update_bounded(mech())
+    assert met and "L6 1, L18 1, L100 1" in numbers
+    growing = mech_scalars()
+    grows = (growing.norm == "deepnorm") & (growing.depth == 100) & (growing.step == WARMUP)
+    growing.loc[grows, "model_update"] = 1.5  # well beyond the seeds' spread (0.0007)
+    met, numbers = claims.deepnorm_update_bounded(mech(growing))
+    assert met is False and "L100 1.5" in numbers
+    infinite = mech_scalars()
     infinite.loc[infinite.norm == "deepnorm", "model_update"] = np.inf
-    assert claims.post_update_explodes(evidence(scalars_model_update=infinite))[0] is None
-    assert claims.deepnorm_update_bounded(evidence(scalars_model_update=infinite))[0] is None
+    assert claims.deepnorm_update_bounded(mech(infinite))[0] is None
 
 
-def layers(post_bottom=0.01, pre_bottom=2.0, post_ln=3.0, deep_ln=1.2):
+def mech_layers(post_bottom=0.01, deep_bottom=1.0, pre_bottom=2.0, post_ln=3.0, deep_ln=1.2):
+    """Per-layer rows at steps 10 (before the peak: misleading values) and 20 (the peak); Post-LN's values are
+    those at L100, moving toward 1 at L6."""
     rows = []
-    for norm, bottom, ln in (("post", post_bottom, post_ln), ("pre", pre_bottom, 1.0), ("deepnorm", 1.0, deep_ln)):
-        for position in range(20):
-            rows.append(dict(norm=norm, depth=10, run_name=f"{norm}-L10-s0", step=100, position=position,
-                             grad_norm=bottom if position < 2 else 1.0, ln_input_norm=ln * 8.0 * (2.0 if norm == "deepnorm" else 1)))
+    for norm, bottom, ln in (("post", post_bottom, post_ln), ("pre", pre_bottom, 1.0), ("deepnorm", deep_bottom, deep_ln)):
+        for depth in DEPTHS:
+            shrink = np.log10(depth / 6) / np.log10(100 / 6) if norm == "post" else 1.0
+            b, l = bottom ** shrink, ln ** shrink * (2.0 if norm == "deepnorm" else 1.0)
+            for step in (10, WARMUP):
+                for position in range(20):
+                    rows.append(dict(norm=norm, depth=depth, run_name=f"{norm}-L{depth}-s0", step=step,
+                                     position=position, grad_norm=(b if position < 2 else 1.0) if step == WARMUP else 5.0,
+                                     ln_input_norm=l * 8.0 if step == WARMUP else 100.0))
     return pd.DataFrame(rows)
 
 
-def test_gradient_and_ln_input_claims():
-    runs = pd.DataFrame([run(n, 10, **{"model.d_model": 64, "alpha.decoder": 2.0 if n == "deepnorm" else np.nan})
-                         for n in ("post", "pre", "deepnorm")])
-    e = evidence(layers_model_update=layers(), runs_model_update=runs)
-    met, numbers = claims.gradient_profile("post", below=0.1)(e)
-    assert met and "post 0.01" in numbers and "pre 2" in numbers
-    assert claims.gradient_profile("pre", above=1.0)(e)[0] is True
-    assert claims.gradient_profile("pre", above=1.0)(evidence(layers_model_update=layers(pre_bottom=0.5)))[0] is False
-    met, numbers = claims.post_ln_inputs_grow(e)  # 3 sqrt(d) for Post-LN; 1.2 alpha sqrt(d) for DeepNorm
-    assert met and "deepnorm 1.2" in numbers and "post 3" in numbers
-    e = evidence(layers_model_update=layers(deep_ln=2.0), runs_model_update=runs)
-    assert claims.post_ln_inputs_grow(e)[0] is False
+def test_gradient_and_ln_input_claims_compare_with_deepnorm_and_across_depth():
+    e = mech(layers=mech_layers())
+    met, numbers = claims.post_gradient_vanishes(e)
+    assert met and "post: L6 1, L18" in numbers and "L100 0.01" in numbers
+    # DeepNorm's gradient vanishes as much: not Post-LN's trait, and the claim must fail
+    assert claims.post_gradient_vanishes(mech(layers=mech_layers(deep_bottom=0.001)))[0] is False
+    assert claims.pre_bottom_gradients_larger(e)[0] is True
+    assert claims.pre_bottom_gradients_larger(mech(layers=mech_layers(pre_bottom=0.5)))[0] is False
+    met, numbers = claims.post_ln_inputs_grow(e)  # 3 sqrt(d) for Post-LN at L100; 1.2 alpha sqrt(d) for DeepNorm
+    assert met and "deepnorm: L6 1.2" in numbers and "L100 3" in numbers
+    assert claims.post_ln_inputs_grow(mech(layers=mech_layers(deep_ln=4.0)))[0] is False
+
+
+def test_the_warmup_contrast_is_post_lns_ratio_against_deepnorms():
+    def frame(post_no_warmup: float):
+        runs, rows = [], []
+        for norm in ("post", "deepnorm"):
+            for warmup in (0, 100):
+                name = f"{norm}-w{warmup}"
+                runs.append(run(norm, 18, run_name=name, **{"train.warmup_steps": warmup}))
+                value = {("post", 0): post_no_warmup, ("post", 100): 1.0, ("deepnorm", 0): 3.0, ("deepnorm", 100): 1.0}[norm, warmup]
+                rows += [dict(norm=norm, depth=18, run_name=name, step=step, model_update=value if step == 10 else 50.0)
+                         for step in (1, 10, 11)]
+        return evidence(runs_warmup_contrast=pd.DataFrame(runs), scalars_warmup_contrast=pd.DataFrame(rows))
+    met, numbers = claims.warmup_matters_more_for_post(frame(post_no_warmup=9.0))
+    assert met and numbers == "model update after 10 steps, without warm-up over with it: deepnorm L18 3, post L18 9"
+    assert claims.warmup_matters_more_for_post(frame(post_no_warmup=2.0))[0] is False
 
 
 def frontier(post_slope: float) -> pd.DataFrame:
@@ -229,13 +321,13 @@ def test_divergence_timing_and_verdicts():
     by_study = {c.study: c for c in claims.CLAIMS}
     assert by_study["paper_depth_sweep_encdec"].judge(e).outcome == NOT_RUN
     assert by_study["paper_1000l"].judge(evidence(runs_paper_1000l=pd.DataFrame())).outcome == NOT_TESTABLE
-    first = claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(1)))
+    first = claims.CLAIMS[0].judge(evidence(runs_lr_study=lr_sweep(1)))
     assert (first.outcome, first.numbers) == (REPRODUCED, "Post-LN trained: L6 3/3, L100 1/3; at L100 pre 3/3, deepnorm 3/3")
-    assert claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(3))).outcome == NOT_REPRODUCED
+    assert claims.CLAIMS[0].judge(evidence(runs_lr_study=lr_sweep(3))).outcome == NOT_REPRODUCED
     # a sweep still running (or stopped): no verdict from its first runs, however they read
-    running = claims.CLAIMS[0].judge(evidence(runs_paper_depth_sweep=sweep(1), finished_paper_depth_sweep=False))
-    assert (running.outcome, running.numbers) == (UNFINISHED, f"{len(sweep(1))} runs so far; `python -m deepnorm_exp "
-                                                  "-m experiment=paper_depth_sweep` continues it")
+    running = claims.CLAIMS[0].judge(evidence(runs_lr_study=lr_sweep(1), finished_lr_study=False))
+    assert (running.outcome, running.numbers) == (UNFINISHED, f"{len(lr_sweep(1))} runs so far; `python -m deepnorm_exp "
+                                                  "-m experiment=lr_study` continues it")
 
 
 def test_preset_time_counts_each_invocation_to_its_end_or_its_last_finished_run(tmp_path):
@@ -329,16 +421,16 @@ def test_a_sweep_is_finished_when_its_latest_invocation_ended_and_every_run_is_f
 def test_a_claim_is_withheld_while_its_sweep_runs_as_its_sweep_log_says(tmp_path):
     """Through Evidence's own reading of runs/<study>/sweeps.jsonl (the other tests set `finished`)."""
     e = Evidence(tmp_path)
-    e._cache["runs", "paper_depth_sweep"] = sweep(1)
-    (tmp_path / "paper_depth_sweep").mkdir()
-    log = tmp_path / "paper_depth_sweep" / "sweeps.jsonl"
+    e._cache["runs", "lr_study"] = lr_sweep(1)
+    (tmp_path / "lr_study").mkdir()
+    log = tmp_path / "lr_study" / "sweeps.jsonl"
     log.write_text(json.dumps({"at": "2026-11-30T10:00:00+00:00", "event": "start", "id": "a"}) + "\n")
     assert claims.CLAIMS[0].judge(e).outcome == UNFINISHED
     with open(log, "a") as f:
         f.write(json.dumps({"at": "2026-11-30T11:00:00+00:00", "event": "end", "id": "a"}) + "\n")
     assert claims.CLAIMS[0].judge(e).outcome == UNFINISHED  # read once per Evidence; a new one sees the end
     fresh = Evidence(tmp_path)
-    fresh._cache["runs", "paper_depth_sweep"] = sweep(1)
+    fresh._cache["runs", "lr_study"] = lr_sweep(1)
     assert claims.CLAIMS[0].judge(fresh).outcome == REPRODUCED
 
 
@@ -371,3 +463,19 @@ def test_an_unfinished_frontier_is_said_to_be_unfinished_once(tmp_path):
     assert section.count("not finished") == 1, section
     assert "No `frontier.json` yet: it, and the law, come when every cell is settled." in section
     assert "| post | 6 | 0 | 2 | 0.001 | 0.1 |" in section  # the brackets so far (2 probes)
+
+
+def test_the_warmup_table_shows_each_arm_and_how_its_runs_ended():
+    from deepnorm_exp.analysis.results import warmup_table
+
+    runs = pd.DataFrame([run(n, 18, s, status="diverged" if (n, w, s) == ("post", 0, 1) else "completed",
+                             run_name=f"{n}-w{w}-s{s}", **{"train.warmup_steps": w})
+                         for n in ("post", "deepnorm") for w in (0, 100) for s in (0, 1)])
+    scalars = pd.DataFrame([dict(norm=r.norm, depth=18, run_name=r.run_name, step=step,
+                                 model_update=step * (2.0 if r.run_name.startswith("post-w0") else 1.0) + r.seed)
+                            for r in runs.itertuples() for step in (1, 10, 11)])
+    table = warmup_table(runs, scalars)
+    assert list(table["norm"]) == ["post", "post", "deepnorm", "deepnorm"]
+    post0 = table[(table.norm == "post") & (table.warmup == 0)].iloc[0]
+    assert post0["step 10"] == pytest.approx(20.5) and post0["runs"] == "1/2 trained, 1 diverged"
+    assert "step 11" not in table and "step 100" not in table  # only the steps shown that were recorded

@@ -66,6 +66,9 @@ def test_rerunning_a_finished_sweep_launches_nothing(tiny, runs_root):
     assert [line["event"] for line in log] == ["start", "end"] * 2
     assert log[-2]["overrides"][0] == "norm=post,pre,deepnorm" and log[-2]["sweeper"] == "CheckedSweeper"
     assert log[0]["at"] <= log[1]["at"] <= log[2]["at"] <= log[3]["at"]
+    # ... with the code that ran it: this checkout's HEAD (the results page names it)
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert log[0]["commit"] == head and isinstance(log[0]["modified"], bool)
 
 
 def test_two_sweeps_at_once_never_share_a_run_or_corrupt_a_record(tiny, runs_root):

@@ -5,22 +5,28 @@ rule a measurement either meets or not; its check returns the verdict with the n
 study has not run, the verdict says so and gives the command; while its sweep has not finished (stopped, or
 running), no verdict is drawn from its first runs, which are the deepest and say nothing across depth; where
 the data cannot decide (no run diverged,
-a fit with one depth), it says "not testable here" and why. Thresholds are in the rules, in the open:
-changing one changes the page, never silently.
+a fit with one depth), it says "not testable here" and why. Thresholds come from a stated principle (a ratio
+between schemes at the same depth, a trend across depth, the seeds' spread) and are in the rules, in the open:
+changing one changes the page, never silently. The mechanism checks (figures 3-5) are in mechanism.py; what
+each study's records are, and where they are read from, in evidence.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
 
-from .frontier_law import fit_frontier_law, frontier_cells
-from .runs import at_one_lr, config_column, load_frontier, load_layer_records, load_runs, load_scalars, outcomes
-from .timing import sweep_finished
+from .budget import CONVERGED_FALL, with_convergence
+from .evidence import Evidence
+from .frontier_law import frontier_cells
+from .lr_study import at_best_rates
+from .mechanism import (EARLY_STEPS, WARMUP_STUDY, deepnorm_update_bounded, post_gradient_vanishes,
+                        post_ln_inputs_grow, post_update_explodes, post_update_then_stops, pre_bottom_gradients_larger,
+                        warmup_matters_more_for_post)
+from .runs import outcomes
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_RUN, UNFINISHED = (
     "reproduced at this scale", "not reproduced", "not testable here", "not run yet", "sweep not finished")
@@ -30,43 +36,6 @@ REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_RUN, UNFINISHED = (
 class Verdict:
     outcome: str
     numbers: str
-
-
-class Evidence:
-    """The records of `runs/<study>/`, each kind loaded once."""
-
-    def __init__(self, root: str | Path):
-        self.root, self._cache = Path(root), {}
-
-    def _get(self, kind: str, study: str, load: Callable[[], Any]) -> Any:
-        if (kind, study) not in self._cache:
-            self._cache[kind, study] = load()
-        return self._cache[kind, study]
-
-    def runs(self, study: str) -> pd.DataFrame:
-        path = self.root / study
-        return self._get("runs", study, lambda: load_runs(path) if path.is_dir() else pd.DataFrame())
-
-    def at_one_lr(self, study: str) -> pd.DataFrame:
-        return at_one_lr(self.runs(study))[0]
-
-    def scalars(self, study: str) -> pd.DataFrame:
-        return self._get("scalars", study, lambda: load_scalars(self.at_one_lr(study)))
-
-    def layers(self, study: str) -> pd.DataFrame:
-        return self._get("layers", study, lambda: load_layer_records(self.at_one_lr(study)))
-
-    def frontier(self, study: str) -> pd.DataFrame:
-        return self._get("frontier", study, lambda: load_frontier(self.root / study))
-
-    def frontier_law(self, study: str) -> pd.DataFrame:
-        """`fit_frontier_law` of its frontier, fitted once (2,000 draws; the claims, the page and the README
-        read it)."""
-        return self._get("frontier_law", study, lambda: fit_frontier_law(self.frontier(study)))
-
-    def finished(self, study: str) -> bool:
-        """Its sweep's latest invocation ended and every run is final (`timing.sweep_finished`)."""
-        return self._get("finished", study, lambda: sweep_finished(self.root / study, self.runs(study)))
 
 
 @dataclass(frozen=True)
@@ -113,22 +82,30 @@ def _finite(*values) -> bool:
     return all(v is not None and np.isfinite(v) for v in values)
 
 
-def _ratio_bottom_top(layers: pd.DataFrame, norm: str, depth: int, metric: str = "grad_norm") -> float:
-    """Mean `metric` of the bottom 10% of blocks over that of the top 10%, at each run's last per-layer step."""
-    rows = layers[(layers["norm"] == norm) & (layers["depth"] == depth) & layers[metric].notna()]
-    if rows.empty:
-        return float("nan")
-    rows = rows[rows["step"] == rows.groupby("run_name")["step"].transform("max")]
-    profile = rows.groupby("position")[metric].mean()
-    tenth = max(1, len(profile) // 10)
-    return float(profile.iloc[:tenth].mean() / profile.iloc[-tenth:].mean())
+# -- which runs a check reads -----------------------------------------------------------------------------
+Pick = Callable[[Evidence, str], pd.DataFrame]
+
+
+def one_rate(e: Evidence, study: str) -> pd.DataFrame:
+    """A preset that runs every scheme at one learning rate (a stray probe at another is left out)."""
+    return e.at_one_lr(study)
+
+
+def best_rates(e: Evidence, study: str) -> pd.DataFrame:
+    """Each scheme and depth at its own best rate on the study's grid (lr_study.py's rule)."""
+    return at_best_rates(e.runs(study))
+
+
+def with_convergence_of(e: Evidence, study: str) -> pd.DataFrame:
+    """Every run, with whether it converged at its length (budget.py's rule)."""
+    return with_convergence(e.runs(study), e.every_runs_scalars(study))
 
 
 # -- the checks ----------------------------------------------------------------------------------------
-def post_unstable_with_depth(study: str):
+def post_unstable_with_depth(study: str, pick: Pick = one_rate):
     """Post-LN failing at depth means something only where the budget lets another scheme train there."""
     def check(e: Evidence):
-        runs = e.at_one_lr(study)
+        runs = pick(e, study)
         counts = trained_by_depth(runs, "post")
         if len(counts) < 2:
             return None, f"Post-LN ran at {len(counts)} depth(s)"
@@ -143,9 +120,9 @@ def post_unstable_with_depth(study: str):
     return check
 
 
-def deepnorm_trains_everywhere(study: str):
+def deepnorm_trains_everywhere(study: str, pick: Pick = one_rate):
     def check(e: Evidence):
-        runs = e.at_one_lr(study)
+        runs = pick(e, study)
         counts = trained_by_depth(runs, "deepnorm")
         if not counts:
             return None, "no DeepNorm run"
@@ -153,122 +130,33 @@ def deepnorm_trains_everywhere(study: str):
     return check
 
 
-def lower_loss_than(norm: str, other: str, study: str):
-    """At each depth where every run of both schemes trained: the mean eval losses, and whether `norm`'s is
-    lower by more than the seeds' spread (the larger standard deviation of the two; 0 with one seed)."""
+def lower_loss_than(norm: str, other: str, study: str, pick: Pick = one_rate):
+    """At each depth where every run of both schemes trained (and, where `pick` says whether runs converged,
+    converged: else "not testable at this budget"): the mean eval losses, and whether `norm`'s is lower by more
+    than the seeds' spread (the larger standard deviation of the two; 0 with one seed)."""
     def check(e: Evidence):
-        runs = outcomes(e.at_one_lr(study))
-        compared = []
+        runs = outcomes(pick(e, study))
+        compared, unconverged = [], []
         for depth, at in runs.groupby("depth"):
             a, b = (at[at["norm"] == n] for n in (norm, other))
-            if len(a) and len(b) and trained(a).all() and trained(b).all():
-                spread = max(a["eval_loss"].std(ddof=1), b["eval_loss"].std(ddof=1)) if min(len(a), len(b)) > 1 else 0.0
-                compared.append((int(depth), a["eval_loss"].mean(), b["eval_loss"].mean(), spread))
+            if not (len(a) and len(b) and trained(a).all() and trained(b).all()):
+                continue
+            if "converged" in at and not (a["converged"].all() and b["converged"].all()):
+                pair = pd.concat([a, b])
+                unconverged += [f"{r.norm} L{int(r.depth)} s{r.seed} {r.fall:.3f}" for r in pair.itertuples()
+                                if not r.converged]
+                continue
+            spread = max(a["eval_loss"].std(ddof=1), b["eval_loss"].std(ddof=1)) if min(len(a), len(b)) > 1 else 0.0
+            compared.append((int(depth), a["eval_loss"].mean(), b["eval_loss"].mean(), spread))
+        still = (f"; not converged at this budget (the eval loss's fall over the last quarter of the steps, in "
+                 f"units of the unigram-to-optimal gap, not under {CONVERGED_FALL}): {', '.join(unconverged)}"
+                 if unconverged else "")
         if not compared:
+            if unconverged:
+                return None, "not testable at this budget" + still
             return None, f"no depth where every run of both {norm} and {other} trained"
         text = "; ".join(f"L{d} {x:.3f} vs {y:.3f} (spread {sd:.3f})" for d, x, y, sd in compared)
-        return all(y - x > sd for _, x, y, sd in compared), f"mean eval loss {norm} vs {other}: {text}"
-    return check
-
-
-FIRST_UPDATE = (1, 1)  # steps
-
-
-def _model_update(e: Evidence, study: str, metric: str, steps: tuple[int, int]) -> pd.DataFrame:
-    """norm x depth: the largest `metric` over steps in [first, last], mean over seeds."""
-    s = e.scalars(study)
-    if s.empty or metric not in s:
-        return pd.DataFrame()
-    window = s[(s["step"] >= steps[0]) & (s["step"] <= steps[1]) & s[metric].notna()]
-    per_run = window.groupby(["norm", "depth", "run_name"])[metric].max()
-    return per_run.groupby(["norm", "depth"]).mean().unstack("depth")
-
-
-def _value(frame: pd.DataFrame, norm: str, depth: int) -> float:
-    try:
-        return float(frame.loc[norm, depth])
-    except KeyError:
-        return float("nan")
-
-
-def _rows(frame: pd.DataFrame) -> str:
-    return "; ".join(f"{n}: " + ", ".join(f"L{d} {v:.3g}" for d, v in frame.loc[n].dropna().items()) for n in frame.index)
-
-
-def post_update_explodes(e: Evidence):
-    """The first update (step 1): within tens of steps every scheme's output has moved about as far as two
-    unrelated outputs lie apart (the metric saturates), so a later or longer window cannot tell them apart."""
-    first = _model_update(e, "model_update", "model_update", FIRST_UPDATE)
-    if first.empty:
-        return None, "no model_update records"
-    shallow, deepest = min(first.columns), max(first.columns)
-    post, post_shallow, deep = (_value(first, "post", deepest), _value(first, "post", shallow),
-                                _value(first, "deepnorm", deepest))
-    if shallow == deepest or not _finite(post, post_shallow, deep) or deep <= 0:
-        return None, f"Post-LN and DeepNorm need finite first updates at two depths: {_rows(first)}"
-    return bool(post > 10 * deep and post > post_shallow), (
-        f"model update after the first step: {_rows(first)} (Post-LN / DeepNorm at L{deepest}: {post / deep:.3g})")
-
-
-def post_update_then_stops(e: Evidence):
-    """Against DeepNorm's own ratio: a warm-up raises every scheme's later steps, a decay lowers them."""
-    early = _model_update(e, "model_update", "model_update_step", (1, 10))
-    late = _model_update(e, "model_update", "model_update_step", (51, 100))
-    if early.empty or late.empty:
-        return None, "no model_update_step records after step 50"
-    deepest = max(early.columns)
-    ratios = {n: _value(late, n, deepest) / _value(early, n, deepest) for n in ("post", "pre", "deepnorm")}
-    if not _finite(ratios["post"], ratios["deepnorm"]):
-        return None, f"Post-LN and DeepNorm need per-step changes in both windows at L{deepest}"
-    text = ", ".join(f"{n} {r:.3g}" for n, r in ratios.items() if np.isfinite(r))
-    return bool(ratios["post"] < 0.1 and ratios["post"] < ratios["deepnorm"] / 10), (
-        f"largest per-step change in steps 51-100 over that in steps 1-10, L{deepest}: {text}")
-
-
-def deepnorm_update_bounded(e: Evidence):
-    """The first update, for the reason post_update_explodes gives."""
-    first = _model_update(e, "model_update", "model_update", FIRST_UPDATE)
-    row = first.loc["deepnorm"].dropna() if "deepnorm" in first.index else pd.Series(dtype=float)
-    if len(row) < 2 or not np.isfinite(row).all() or row.iloc[0] <= 0:
-        return None, "DeepNorm's first update at fewer than two depths (or not finite)"
-    ratio = row.iloc[-1] / row.iloc[0]
-    text = ", ".join(f"L{d} {v:.3g}" for d, v in row.items())
-    return bool(ratio <= 3), f"DeepNorm's model update after the first step: {text} (L{row.index[-1]} / L{row.index[0]}: {ratio:.3g})"
-
-
-def post_ln_inputs_grow(e: Evidence):
-    layers, runs = e.layers("model_update"), e.at_one_lr("model_update")
-    if layers.empty or "ln_input_norm" not in layers:
-        return None, "no ln_input_norm records"
-    scale = pd.Series(config_column(runs, "model.d_model").to_numpy(), index=runs["run_name"]).astype(float) ** 0.5
-    alpha = runs.set_index("run_name").get("alpha.decoder", pd.Series(1.0, index=scale.index)).astype(float)
-    rows = layers[layers["ln_input_norm"].notna()].copy()
-    rows = rows[rows["step"] == rows.groupby("run_name")["step"].transform("max")]
-    rows["units"] = rows["ln_input_norm"] / (scale.reindex(rows["run_name"]).to_numpy()
-                                             * alpha.reindex(rows["run_name"]).fillna(1.0).to_numpy())
-    deepest = int(rows["depth"].max())
-    level = rows[rows["depth"] == deepest].groupby("norm")["units"].mean()
-    if not {"post", "deepnorm"} <= set(level.index) or not _finite(level["post"], level["deepnorm"]):
-        return None, f"no finite LN inputs of Post-LN and DeepNorm at L{deepest}"
-    text = ", ".join(f"{n} {v:.3g}" for n, v in level.items())
-    return bool(level["post"] > 1.5 and level["deepnorm"] <= 1.5), (
-        f"mean LN input at the last per-layer step, L{deepest}, in units of alpha sqrt(d) (alpha 1 but for "
-        f"DeepNorm): {text}")
-
-
-def gradient_profile(norm: str, below: Optional[float] = None, above: Optional[float] = None):
-    def check(e: Evidence):
-        layers = e.layers("model_update")
-        if layers.empty or "grad_norm" not in layers:
-            return None, "no per-layer grad_norm records"
-        deepest = int(layers["depth"].max())
-        ratios = {n: _ratio_bottom_top(layers, n, deepest) for n in sorted(layers["norm"].unique())}
-        text = ", ".join(f"{n} {r:.3g}" for n, r in ratios.items())
-        r = ratios.get(norm, float("nan"))
-        if not np.isfinite(r):
-            return None, f"no finite {norm} gradients at L{deepest}"
-        met = (below is None or r < below) and (above is None or r > above)
-        return bool(met), f"bottom-10% over top-10% blocks' gradient norm at the last per-layer step, L{deepest}: {text}"
+        return all(y - x > sd for _, x, y, sd in compared), f"mean eval loss {norm} vs {other}: {text}{still}"
     return check
 
 
@@ -350,41 +238,51 @@ def thousand_layers(e: Evidence):
 
 
 CLAIMS = [
-    Claim("Post-LN training becomes unstable as depth grows.", "paper_depth_sweep",
-          "Post-LN trains in at most half of its runs at the deepest depth and in a larger share at the shallowest, "
-          "where Pre-LN or DeepNorm trains every run at that depth (else the budget, not the scheme, decides)",
-          post_unstable_with_depth("paper_depth_sweep")),
-    Claim("DeepNorm trains at every depth.", "paper_depth_sweep", "every DeepNorm run trains",
-          deepnorm_trains_everywhere("paper_depth_sweep")),
-    Claim("DeepNorm ends better than Pre-LN at the same depth.", "paper_depth_sweep",
-          "at every depth where every run of both trained, DeepNorm's mean eval loss is below Pre-LN's by more "
-          "than the seeds' spread", lower_loss_than("deepnorm", "pre", "paper_depth_sweep")),
-    Claim("Post-LN, where it trains, ends better than Pre-LN.", "paper_depth_sweep",
-          "at every depth where every run of both trained, Post-LN's mean eval loss is below Pre-LN's by more "
-          "than the seeds' spread", lower_loss_than("post", "pre", "paper_depth_sweep")),
+    Claim("Post-LN training becomes unstable as depth grows.", "lr_study",
+          "each scheme at its own best rate on the grid: Post-LN trains in at most half of its seeds at the deepest "
+          "depth and in a larger share at the shallowest, where Pre-LN or DeepNorm trains every seed at that depth "
+          "(else the budget, not the scheme, decides)", post_unstable_with_depth("lr_study", best_rates)),
+    Claim("DeepNorm trains at every depth.", "lr_study", "at its own best rate on the grid, every DeepNorm seed "
+          "trains at every depth", deepnorm_trains_everywhere("lr_study", best_rates)),
+    Claim("DeepNorm ends better than Pre-LN at the same depth.", "budget_study",
+          "each at its own best rate, at the longest budget: at every depth where every run of both trained and "
+          "converged (budget.py), DeepNorm's mean eval loss is below Pre-LN's by more than the seeds' spread",
+          lower_loss_than("deepnorm", "pre", "budget_study", with_convergence_of)),
+    Claim("Post-LN, where it trains, ends better than Pre-LN.", "budget_study",
+          "each at its own best rate, at the longest budget: at every depth where every run of both trained and "
+          "converged, Post-LN's mean eval loss is below Pre-LN's by more than the seeds' spread",
+          lower_loss_than("post", "pre", "budget_study", with_convergence_of)),
     Claim("The same holds for encoder-decoder models (the paper's N-N translation models): Post-LN fails with "
           "depth.", "paper_depth_sweep_encdec", "as for the decoder", post_unstable_with_depth("paper_depth_sweep_encdec")),
     Claim("... and DeepNorm trains at every depth (encoder-decoder).", "paper_depth_sweep_encdec",
           "every DeepNorm run trains", deepnorm_trains_everywhere("paper_depth_sweep_encdec")),
     Claim("Post-LN's model update ||F(x,θt) − F(x,θ0)|| explodes in the first steps (figures 4-5).", "model_update",
-          "after the first step, at the deepest depth, Post-LN's model update is over 10x DeepNorm's, and larger "
-          "than at the shallowest depth (later steps saturate: every output has moved as far as unrelated ones lie)",
+          "where the learning rate reaches its peak, Post-LN's model update over DeepNorm's exceeds 1 at the "
+          "deepest depth of the paper's range (6-100) and is larger there than at the shallowest (not testable "
+          "where DeepNorm's is saturated, over 0.8 sqrt(2 d): as far as unrelated outputs lie apart)",
           post_update_explodes),
     Claim("... and then almost stops.", "model_update",
-          "at the deepest depth, Post-LN's largest per-step change in steps 51-100 is under 1/10 of that in steps "
-          "1-10, and under 1/10 of DeepNorm's same ratio (the warm-up acts on both)",
-          post_update_then_stops),
+          "Post-LN's per-step change in the warm-up's length of steps after the peak, over that in the first tenth "
+          "of the warm-up, is below DeepNorm's same ratio at the deepest paper-range depth, and further below it "
+          "than at the shallowest (the warm-up and the decay act on both)", post_update_then_stops),
     Claim("DeepNorm's model update stays bounded whatever the depth.", "model_update",
-          "after the first step, DeepNorm's model update at the deepest depth is at most 3x that at the shallowest",
-          deepnorm_update_bounded),
+          "where the learning rate reaches its peak, DeepNorm's model update at the deepest paper-range depth "
+          "exceeds that at the shallowest by no more than the seeds' spread", deepnorm_update_bounded),
     Claim("Post-LN's LayerNorm inputs grow beyond sqrt(d), shrinking the gradient through the LN (figure 3).",
-          "model_update", "at the deepest depth and the last per-layer step, Post-LN's mean LN input exceeds "
-          "1.5 sqrt(d) while DeepNorm's stays within 1.5 alpha sqrt(d)", post_ln_inputs_grow),
+          "model_update", "near the peak learning rate, Post-LN's mean LN input (in units of sqrt(d)) exceeds "
+          "DeepNorm's (in units of alpha sqrt(d)) at the deepest paper-range depth, and is larger there than at "
+          "the shallowest", post_ln_inputs_grow),
     Claim("Post-LN's gradient vanishes toward the bottom layers (the consequence of the above).", "model_update",
-          "bottom-10% over top-10% blocks' gradient norm under 0.1 for Post-LN at the deepest depth",
-          gradient_profile("post", below=0.1)),
+          "near the peak learning rate, Post-LN's bottom-10% over top-10% blocks' gradient norm is below "
+          "DeepNorm's at the deepest paper-range depth, and lower there than at the shallowest",
+          post_gradient_vanishes),
     Claim("Pre-LN's bottom layers get larger gradients than its top layers.", "model_update",
-          "that ratio over 1 for Pre-LN at the deepest depth", gradient_profile("pre", above=1.0)),
+          "near the peak learning rate, that ratio over 1 for Pre-LN at the deepest paper-range depth",
+          pre_bottom_gradients_larger),
+    Claim("Without warm-up Post-LN's early model update is far larger: warm-up is what holds it back (the "
+          "paper's contrast with and without warm-up).", WARMUP_STUDY,
+          f"at every depth of the study, Post-LN's model update after {EARLY_STEPS} steps without warm-up over "
+          "that with it exceeds DeepNorm's same ratio", warmup_matters_more_for_post),
     Claim("DeepNorm widens the stable region: Post-LN's largest stable learning rate falls with depth, "
           "DeepNorm's much less.", "frontier_depth",
           "from the brackets (censored cells included): Post-LN's frontier fell from its shallowest to its deepest "

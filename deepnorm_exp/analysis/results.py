@@ -11,9 +11,7 @@ no runs, or (for a study's table) whose sweep has not finished, as it is.
 from __future__ import annotations
 
 import argparse
-import datetime
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -21,12 +19,13 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from . import comparison_table, plots
+from . import budget, comparison_table, lr_study, plots, published
+from .runs import config_column
 from .tables import shared_value
 from .claims import NOT_RUN, Evidence, judge
 from .frontier_law import bracket_table, brackets_so_far
 from .timing import preset_time
-from ..lifecycle.summary import format_table, load_summaries
+from ..lifecycle.summary import format_table
 
 FIGURE_DIR = "results"  # beside results.md
 DPI = 72  # small files: the page is read on GitHub, the full-size figures are in report.html
@@ -44,16 +43,33 @@ class Study:
 
 
 STUDIES = [
+    Study("lr_study", "Final loss against learning rate (each scheme at its own best rate)",
+          "Post-LN, Pre-LN and DeepNorm at depths 6, 18 and 50, two seeds, on a half-decade grid of learning rates "
+          "from 1e-4 to 1e-1, 300 steps (Wortsman et al. 2023; the rules: deepnorm_exp/analysis/lr_study.py)."),
+    Study("budget_study", "Training length (each scheme at its own best rate)",
+          "Post-LN, Pre-LN and DeepNorm at depths 6 and 18, two seeds, each at its best rate from the learning-rate "
+          "study (conf/tuned_lr/lr_study.yaml), 4,800 steps read at 300, 1,200 and 4,800 (the rules: "
+          "deepnorm_exp/analysis/budget.py)."),
+    Study("model_update", "Model update, LayerNorm inputs and per-layer gradients (the paper's figures 3-5)",
+          "The first 200 steps (warm-up 100) at depths 6 to 100, the paper's range, two seeds, lr 1e-3, every scalar "
+          "every step, per-layer vectors every 10."),
+    Study("model_update_1000l", "The same at 1,000 layers (an extension, not judged)",
+          "model_update's training at depth 1,000, one seed: shown beside the verdicts, never in them."),
+    Study("warmup_contrast", "With and without warm-up (the paper's contrast)",
+          "Post-LN and DeepNorm at 18 layers, warm-up 0 and 100 steps, two seeds, lr 1e-3, the model update every "
+          "step."),
+    Study("frontier_depth", "Stability frontier across depth",
+          "Per scheme, depth and seed, the largest learning rate that trains, found by bisection "
+          "(hydra/sweeper=frontier), and the law log(max lr) = a + b log(depth) fitted per scheme."),
     Study("paper_depth_sweep", "Depth sweep, decoder-only",
           "Post-LN, Pre-LN and DeepNorm at depths 6-200, three seeds, the paper's optimizer scaled down "
           "(conf/experiment/paper_depth_sweep.yaml)."),
     Study("paper_depth_sweep_encdec", "Depth sweep, encoder-decoder",
           "The same on N-N encoder-decoder models and the synthetic translation task, N = 6-100."),
-    Study("frontier_depth", "Stability frontier across depth",
-          "Per scheme, depth and seed, the largest learning rate that trains, found by bisection "
-          "(hydra/sweeper=frontier), and the law log(max lr) = a + b log(depth) fitted per scheme."),
-    Study("model_update", "Model update, LayerNorm inputs and per-layer gradients (the paper's figures 3-5)",
-          "The first 100 steps at depths 6 to 1,000, every scalar every step, per-layer vectors every 10."),
+    Study("gpu_depth", "At the paper's width, on one GPU",
+          "Post-LN, Pre-LN and DeepNorm at depths 6, 18 and 50, hidden 512, FFN 2048, 8 heads, sequences of 256, "
+          "batch 32, bf16, lr 5e-4, 2,000 steps, one seed (`make gpu-study`; it needs a CUDA GPU: none has been "
+          "lent to this project's sessions long enough to run it until it says otherwise here)."),
     Study("quickstart", "Quick start", "`make run`: three schemes at depths 6 and 48, one seed."),
     Study("zoo_depth_sweep", "The zoo", "Every scheme at depths 6, 24 and 100, one seed, the quick start's training."),
 ]
@@ -72,7 +88,7 @@ class Page:
     """Markdown lines and the figures written beside them."""
 
     def __init__(self, out: Path):
-        self.out, self.lines = out, []
+        self.out, self.lines, self.figures = out, [], set()
         (out / FIGURE_DIR).mkdir(parents=True, exist_ok=True)
 
     def add(self, *blocks: str) -> None:
@@ -83,6 +99,7 @@ class Page:
     def figure(self, name: str, fig, caption: str) -> None:
         path = self.out / FIGURE_DIR / f"{name}.png"
         path.write_bytes(plots.figure_png(fig, dpi=DPI))  # a pyplot-free Figure: nothing to close
+        self.figures.add(path.name)
         self.add(f"![{caption}]({FIGURE_DIR}/{path.name})\n*{caption}*")
 
 
@@ -100,6 +117,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
     def depth_sweep(name: str) -> Callable[[Page], None]:
         def write(page: Page) -> None:
             runs = evidence.at_one_lr(name)  # a preset's runs share one; a stray probe at another is not averaged in
+            page.add(single_rate_label(runs))
             page.add("Eval loss, mean ± std over the seeds that completed; (k/n diverged), (k/n untrained: "
                      "completed without learning 10% of the gap from the unigram to the optimal loss), (k/n failed "
                      "or unfinished: stopped, running or crashed, left out).",
@@ -115,7 +133,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             page.add("No `frontier.json` yet: it, and the law, come when every cell is settled.")
             runs = evidence.runs("frontier_depth")
             if not runs.empty:
-                stable_if = sweeper_setting(evidence.root / "frontier_depth", "stable_if", "trained")
+                stable_if = sweeper_setting(evidence.study_dir("frontier_depth"), "stable_if", "trained")
                 page.add(f"The brackets so far, from the {len(runs)} probe runs made (stable: {stable_if}, the "
                          "sweep's `stable_if`; an empty end: no probe on that side yet):",
                          markdown_table(brackets_so_far(runs, stable_if).sort_values(["norm", "depth", "seed"]),
@@ -150,16 +168,98 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
         page.figure("layer_grad_norm", plots.layer_profile(evidence.layers("model_update"), "grad_norm"),
                     "Per-layer gradient norm by position in the stack, at the last per-layer step.")
 
+    def learning_rates(page: Page) -> None:
+        runs = evidence.runs("lr_study")
+        summary = lr_study.lr_summary(runs)
+        page.add("Each scheme at its own best rate per depth: the mean ± std over the seeds of the final eval loss "
+                 "(capped at the loss at initialisation; a diverged seed counts as that), and the rate; "
+                 "`edge`: the best rate is an end of the grid, so the optimum may lie beyond it; `untrained`: seeds "
+                 "that learned nothing (under 10% of the unigram-to-optimal gap) even at the best rate.",
+                 markdown_table(by_depth(lr_study.best_rate_table(summary))))
+        page.add("LR sensitivity (the mean over the grid of the capped loss minus the best; 0: every rate is as "
+                 "good as the best, which is also what a scheme that learns at no rate reads: see the table above) "
+                 "per depth, and how far the best rate moves from the shallowest depth to the deepest (their "
+                 "ratio):", markdown_table(by_depth(lr_study.sensitivity_table(summary))))
+        page.figure("lr_study", lr_study.lr_figure(runs),
+                    "Final eval loss against learning rate, a panel per scheme, a line per depth (circles: the best "
+                    "rate).")
+        page.add("Every cell (mean capped loss over the seeds; `(k div)`: k seeds diverged):",
+                 markdown_table(lr_study.curve_table(lr_study.lr_curves(runs))))
+
+    def training_length(page: Page) -> None:
+        runs, scalars = evidence.runs("budget_study"), evidence.every_runs_scalars("budget_study")
+        losses = budget.budget_losses(runs, scalars)
+        changes = budget.order_changes(losses)
+        page.add("Eval loss (mean ± std over the seeds) at each budget, and the schemes in order of it: the order "
+                 + ("changes with the budget at " + ", ".join(f"L{d}" for d, c in changes.items() if c)
+                    if any(changes.values()) else "does not change with the budget") + ".",
+                 markdown_table(budget.budget_table(losses), index=False))
+        page.add("Converged at the longest budget? The eval loss's fall over the last quarter of the steps, in units "
+                 f"of the unigram-to-optimal gap, per seed (converged: under {budget.CONVERGED_FALL}):",
+                 markdown_table(by_depth(budget.convergence_table(budget.with_convergence(runs, scalars)))))
+        page.figure("budget_study", budget.budget_figure(runs, scalars),
+                    "Eval loss against steps, a panel per depth, a line per scheme (dotted: the budgets).")
+
+    def thousand_layers(page: Page) -> None:
+        page.figure("model_update_1000l", plots.model_update(evidence.scalars("model_update_1000l")),
+                    "||F(x,θt) − F(x,θ0)|| at 1,000 layers, per scheme.")
+
+    def warmup(page: Page) -> None:
+        runs, scalars = evidence.at_one_lr("warmup_contrast"), evidence.scalars("warmup_contrast")
+        page.add("Model update ||F(x,θt) − F(x,θ0)|| at a few steps (mean over the seeds), and how the runs ended:",
+                 markdown_table(warmup_table(runs, scalars), index=False))
+
     def one_seed_table(name: str) -> Callable[[Page], None]:
         def write(page: Page) -> None:
-            page.add("Eval loss; (1/1 untrained): completed without learning 10% of the gap.",
+            page.add(single_rate_label(evidence.runs(name)),
+                     "Eval loss; (1/1 untrained): completed without learning 10% of the gap.",
                      markdown_table(comparison_table(evidence.runs(name), untrained=True)))
         return write
 
     return {"paper_depth_sweep": depth_sweep("paper_depth_sweep"),
             "paper_depth_sweep_encdec": depth_sweep("paper_depth_sweep_encdec"),
-            "frontier_depth": frontier, "model_update": model_update,
+            "gpu_depth": depth_sweep("gpu_depth"),
+            "frontier_depth": frontier, "model_update": model_update, "lr_study": learning_rates,
+            "budget_study": training_length, "model_update_1000l": thousand_layers, "warmup_contrast": warmup,
             "quickstart": one_seed_table("quickstart"), "zoo_depth_sweep": one_seed_table("zoo_depth_sweep")}
+
+
+WARMUP_STEPS_SHOWN = (1, 10, 100, 200)
+
+
+def warmup_table(runs: pd.DataFrame, scalars: pd.DataFrame) -> pd.DataFrame:
+    """norm, depth, warm-up -> the mean model update at WARMUP_STEPS_SHOWN and the runs' outcomes."""
+    if runs.empty or scalars.empty or "model_update" not in scalars:
+        return pd.DataFrame()
+    warmup = pd.Series(config_column(runs, "train.warmup_steps").to_numpy(), index=runs["run_name"].to_numpy())
+    data = scalars[scalars["step"].isin(WARMUP_STEPS_SHOWN)].assign(
+        warmup=lambda f: warmup.reindex(f["run_name"]).to_numpy())
+    table = data.pivot_table(index=["norm", "depth", "warmup"], columns="step", values="model_update", aggfunc="mean")
+    table.columns = [f"step {c}" for c in table.columns]
+    ended = runs.assign(warmup=warmup.to_numpy(), ok=runs["status"].eq("completed") & runs["trained"].eq(True))
+    outcome = ended.groupby(["norm", "depth", "warmup"]).apply(
+        lambda g: f"{int(g['ok'].sum())}/{len(g)} trained" + (f", {int(g['status'].eq('diverged').sum())} diverged"
+                                                             if g["status"].eq("diverged").any() else ""))
+    table["runs"] = outcome
+    table = table.reset_index()
+    order = {n: i for i, n in enumerate(plots.norms_in(table))}
+    return table.sort_values(["norm", "depth", "warmup"], key=lambda c: c.map(order) if c.name == "norm" else c)
+
+
+def single_rate_label(runs: pd.DataFrame) -> str:
+    return (f"**Every scheme at one learning rate** ({one_rate(runs)}): a second view, whose order between schemes "
+            "may owe to the rate; the comparison at each scheme's own best rate is the learning-rate study's.")
+
+
+def one_rate(runs: pd.DataFrame) -> str:
+    """"lr 0.0005": the rate every run shares (as at_one_lr leaves them), or "lr unknown"."""
+    rates = pd.to_numeric(runs.get("train.lr", pd.Series(dtype=float)), errors="coerce").dropna().unique()
+    return f"lr {rates[0]:g}" if len(rates) == 1 else "lr unknown"
+
+
+def by_depth(table: pd.DataFrame) -> pd.DataFrame:
+    """A norm x depth table with its depth columns named L6, L18, ... (other columns as they are)."""
+    return table.rename(columns=lambda c: f"L{c}" if isinstance(c, (int, np.integer)) else c)
 
 
 def frontier_brackets_text(cells: pd.DataFrame) -> str:
@@ -192,20 +292,44 @@ def times_table(evidence: Evidence, root: Path) -> str:
     rows = []
     for study in STUDIES:
         runs = evidence.runs(study.name)
-        time = preset_time(root / study.name, runs).describe() if not runs.empty else "not run yet"
-        rows.append({"preset": f"`{study.name}`", "command": f"`{study.command}`", "time here": time})
+        time = preset_time(evidence.study_dir(study.name), runs).describe() if not runs.empty else "not run yet"
+        rows.append({"preset": f"`{study.name}`", "command": f"`{study.command}`", "budget": budget_rule(runs),
+                     "time here": time})
     return markdown_table(pd.DataFrame(rows), index=False)
+
+
+def budget_rule(runs: pd.DataFrame) -> str:
+    """"300 steps, warm-up 100 = 2 / (1 - beta2)": each run's steps and warm-up as its config says, and
+    whether the warm-up is the rule's (Ma and Yarats 2021) or the preset's own."""
+    if runs.empty or "train.steps" not in runs:
+        return ""
+    parts = []
+    keys = [k for k in ("train.steps", "train.warmup_steps", "train.betas") if k in runs]
+    for values, _ in runs.groupby(runs[keys].astype(str).apply(tuple, axis=1), sort=True):
+        steps, warmup, betas = (list(values) + [None] * 3)[:3]
+        text = f"{steps} steps"
+        if warmup is not None:
+            beta2 = float(str(betas).strip("[]").split(",")[-1]) if betas else None
+            rule = beta2 is not None and int(warmup) == round(2 / (1 - beta2))
+            text += f", warm-up {warmup}" + (" = 2 / (1 - beta2)" if rule else " (the preset's, not the rule's)")
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence] = None) -> Path:
     """`evidence`: the records of `root` already loaded (main shares them with the README's blocks)."""
     root, out = Path(root), Path(out)
     evidence, page = evidence or Evidence(root), Page(out)
-    page.add("# Results", f"Generated by `make results` from the run records under `{root}/` on "
-             f"{datetime.date.today().isoformat()}{_commit()}: every number and figure below is read from those "
-             "records (`deepnorm_exp/analysis/results.py`). The studies are small versions of the paper's (its "
-             "presets in `conf/experiment/` say how small), so each claim is judged at this scale, by the rule "
-             "beside it (`deepnorm_exp/analysis/claims.py`).")
+    page.add("# Results", f"Generated by `make results` from the run records under `{root}/` (each study's "
+             "published records, `runs/<study>/published/`, where it has them: `deepnorm_exp/analysis/published.py`)"
+             f"{records_span(evidence)}: every number and figure below is read from those records "
+             "(`deepnorm_exp/analysis/results.py`), and the same command regenerates this page from them byte for "
+             "byte. The studies are small versions of the paper's (its presets in `conf/experiment/` say how "
+             "small), so each claim is judged at this scale, by the rule beside it "
+             "(`deepnorm_exp/analysis/claims.py`). A study \"not run yet\" has not been run under the current "
+             "defaults and protocol; earlier versions of this page (in git) showed runs at earlier ones, whose "
+             "records were not kept.")
+    page.add("## The code that ran the studies", markdown_table(code_table(evidence), index=False))
     page.add("## The paper's claims", claims_table(evidence))
     page.add("## Presets: commands and times", "Elapsed: the sweeps' wall time on the machine that ran them (the "
              "launcher and its workers follow); run time: the runs' own wall time added up.",
@@ -223,6 +347,9 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
         sections[study.name](page)
     path = out / "results.md"
     path.write_text("\n".join(page.lines).rstrip() + "\n", encoding="utf-8")
+    for stale in (out / FIGURE_DIR).glob("*.png"):  # a figure of a section the page no longer has
+        if stale.name not in page.figures:
+            stale.unlink()
     return path
 
 
@@ -256,31 +383,49 @@ def records_missing(page_path: Path, evidence: Evidence) -> list[str]:
     return lost
 
 
-def _commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+def records_span(evidence: Evidence) -> str:
+    """", made between <first start> and <last finish> (UTC)": read from the records, so that the page
+    regenerated later is the same page."""
+    times = [t for study in STUDIES for column in ("started_at", "finished_at")
+             for t in evidence.runs(study.name).get(column, pd.Series(dtype=object)).dropna()]
+    if not times:
         return ""
-    return f" (code at commit {sha})" if sha else ""
+    first, last = min(times)[:10], max(times)[:10]
+    return f", made on {first}" if first == last else f", made from {first} to {last}"
+
+
+def code_table(evidence: Evidence) -> pd.DataFrame:
+    """Per study that has runs: the code commits that ran it (from its published records' manifest, each with
+    where the commit was read) and how it was run."""
+    rows = []
+    for study in STUDIES:
+        if evidence.runs(study.name).empty:
+            continue
+        published = evidence.published(study.name)
+        manifest = published.manifest if published else {}
+        shas = "; ".join(f"{c['commit']} ({c['source']})" for c in manifest.get("commits", [])) or "not recorded"
+        rows.append({"study": f"`{study.name}`", "runs": len(evidence.runs(study.name)),
+                     "records": f"`runs/{study.name}/published/`" if published else "raw (not published)",
+                     "code": shas, "commands": "; ".join(f"`{c}`" for c in manifest.get("commands", []))})
+    return pd.DataFrame(rows, columns=["study", "runs", "records", "code", "commands"])
 
 
 # -- the README's generated blocks -------------------------------------------------------------------
 def readme_blocks(root: Path, evidence: Optional[Evidence] = None, every_study: bool = True) -> dict[str, str]:
-    """NAME -> the block's new text, for the studies that have runs: `quickstart` and `zoo` (the table and the
-    time, once the sweep has finished), `frontier` (each cell's bracket and the law, once frontier.json is
+    """NAME -> the block's new text, for the studies that have runs: `quickstart`, `zoo` and `lr_study` (the
+    tables and the time, once the sweep has finished), `frontier` (each cell's bracket and the law, once frontier.json is
     written), and, where the records hold every study the page shows (`every_study`), `presets` (every
     preset's command and time here) and `claims` (the verdicts' tally), which summarize them all."""
     evidence, blocks = evidence or Evidence(root), {}
     # A table's block waits for its whole sweep: a sweep in progress would replace it with a few rows.
     if evidence.finished("quickstart"):
-        summaries, damaged = load_summaries(root / "quickstart")
-        time = preset_time(root / "quickstart", evidence.runs("quickstart")).describe()
+        summaries, damaged = evidence.summaries("quickstart")
+        time = preset_time(evidence.study_dir("quickstart"), evidence.runs("quickstart")).describe()
         blocks["quickstart"] = f"```\n{format_table(summaries, damaged)}\n```\n\nMeasured: {time}."
     frontier = evidence.frontier("frontier_depth")
     if not frontier.empty:
         runs = evidence.runs("frontier_depth")
-        time = preset_time(root / "frontier_depth", runs).describe()
+        time = preset_time(evidence.study_dir("frontier_depth"), runs).describe()
         seeds = frontier["seed"].nunique() if "seed" in frontier else 1
         blocks["frontier"] = (f"**Measured** (`python -m deepnorm_exp -m experiment=frontier_depth`, {seeds} seed"
                               f"{'s' * (seeds > 1)}; {time}). "
@@ -288,6 +433,15 @@ def readme_blocks(root: Path, evidence: Optional[Evidence] = None, every_study: 
                               "log(depth):\n\n" + frontier_law_text(evidence.frontier_law("frontier_depth")))
     if evidence.finished("zoo_depth_sweep"):
         blocks["zoo"] = loss_table_block(evidence, root, "zoo_depth_sweep")
+    if evidence.finished("lr_study"):
+        runs = evidence.runs("lr_study")
+        summary = lr_study.lr_summary(runs)
+        time = preset_time(evidence.study_dir("lr_study"), runs).describe()
+        blocks["lr_study"] = (f"**Measured** (`python -m deepnorm_exp -m experiment=lr_study`; {time}): each scheme "
+                              "at its own best learning rate per depth, the final eval loss (mean ± std over the "
+                              "seeds, capped at the loss at initialisation) and the rate; then LR sensitivity.\n\n"
+                              + markdown_table(by_depth(lr_study.best_rate_table(summary))) + "\n\n"
+                              + markdown_table(by_depth(lr_study.sensitivity_table(summary))))
     if not every_study:
         return blocks
     if any(not evidence.runs(study.name).empty for study in STUDIES):
@@ -306,7 +460,7 @@ def loss_table_block(evidence: Evidence, root: Path, name: str) -> str:
     runs = evidence.runs(name)
     steps = ", ".join(str(int(n)) for n in sorted(runs["steps"].dropna().unique()))
     seeds = runs["seed"].nunique()
-    time = preset_time(root / name, runs).describe()
+    time = preset_time(evidence.study_dir(name), runs).describe()
     return (f"**Measured** (`python -m deepnorm_exp -m experiment={name}`, {seeds} seed{'s' * (seeds > 1)}; {time}): "
             f"eval loss after {steps} steps (unigram {shared_value(runs, 'unigram_loss')} = learned nothing; "
             f"optimal {shared_value(runs, 'optimal_loss')}); `(k/n untrained)`: completed without learning 10% of "
@@ -332,6 +486,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("root", nargs="?", default="runs", help="the directory above the experiments (runs/)")
     parser.add_argument("--out", default="docs", help="where results.md and results/ go (default docs/)")
     parser.add_argument("--readme", help="a README whose generated blocks to rewrite from the same records")
+    parser.add_argument("--conf", help="the config directory whose tuned_lr/lr_study.yaml to write from the "
+                        "learning-rate study's records (conf/)")
     parser.add_argument("--allow-missing", action="store_true",
                         help="rewrite the page even where the records hold fewer runs of a study than it shows")
     args = parser.parse_args(argv)
@@ -339,18 +495,36 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.error(f"{args.root} is not a directory (the runs root: runs/)")
     if args.readme and not Path(args.readme).is_file():
         parser.error(f"--readme {args.readme}: no such file")
+    try:
+        write(args)
+    except published.PublishError as e:  # damaged published records, or packing that would lose runs
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+
+
+def write(args: argparse.Namespace) -> None:
+    """The raw runs of each study become its published records (published.py), then the page and the README's
+    blocks are written from those."""
+    for study in STUDIES:
+        if (Path(args.root) / study.name).is_dir():
+            published.pack(Path(args.root) / study.name)
     evidence = Evidence(args.root)  # every record read once, for the page and the README alike
     lost = [] if args.allow_missing else records_missing(Path(args.out) / "results.md", evidence)
     if not lost:
         print(f"results: {build_results(args.root, args.out, evidence).resolve()}")
+    if args.conf and evidence.finished("lr_study"):  # the rates the budget study runs at (conf/tuned_lr/)
+        path = Path(args.conf) / "tuned_lr" / "lr_study.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(lr_study.tuned_lr_yaml(lr_study.lr_summary(evidence.runs("lr_study")), "lr_study"),
+                        encoding="utf-8")
+        print(f"{path}: the best rate per scheme and depth")
     if args.readme:  # the blocks of the studies here; those that summarize every study wait for the page
         done = update_readme(Path(args.readme), readme_blocks(Path(args.root), evidence, every_study=not lost))
         print(f"{args.readme}: rewrote {', '.join(done) or 'no block (no study it shows has runs)'}")
     if lost:
-        parser.exit(2, f"{parser.prog}: error: {Path(args.out) / 'results.md'} shows runs that {args.root}/ does "
-                       f"not hold: {'; '.join(lost)}; writing it would replace their results, so it is left as it "
-                       "is (and the README's presets and claims blocks). Bring the records back (or run the "
-                       "studies), or --allow-missing to write it anyway\n")
+        raise published.PublishError(
+            f"{Path(args.out) / 'results.md'} shows runs that {args.root}/ does not hold: {'; '.join(lost)}; writing "
+            "it would replace their results, so it is left as it is (and the README's presets and claims blocks). "
+            "Bring the records back (or run the studies), or --allow-missing to write it anyway")
 
 
 if __name__ == "__main__":

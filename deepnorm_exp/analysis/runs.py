@@ -49,21 +49,36 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     run's whole config flattened to dotted columns (`train.lr`, `model.d_model`, ...), and `run_dir`."""
     rows = []
     for run_dir in run_dirs(root):
-        has_summary = (run_dir / "summary.json").is_file()
-        summary = read_summary(run_dir / "summary.json") if has_summary else {}
-        if summary is None:
-            continue  # damaged: read_summary named it
-        config = _config(run_dir / "config.yaml")
-        if not summary and not config:
-            continue  # neither record readable: nothing to list it by (the warning named the file)
-        row = _flat("", summary) if summary else _from_config(config, run_dir)
-        for key, value in _flat("", config).items():
-            row.setdefault(key, value)  # summary fields win: depth, seed are the same in both
+        records_ = run_records(run_dir)
+        if records_ is None:
+            continue
+        row = run_row(*records_, run_dir)
         if held_elsewhere(run_dir):
             row["status"] = "running"
-        row["run_dir"] = str(run_dir)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def run_records(run_dir: Path) -> Optional[tuple[dict, dict]]:
+    """(summary, config) of a run directory ({} for one it lacks), or None where neither is readable (a
+    damaged file is named in a warning)."""
+    has_summary = (run_dir / "summary.json").is_file()
+    summary = read_summary(run_dir / "summary.json") if has_summary else {}
+    if summary is None:
+        return None  # damaged: read_summary named it
+    config = _config(run_dir / "config.yaml")
+    if not summary and not config:
+        return None  # neither record readable: nothing to list it by (the warning named the file)
+    return summary, config
+
+
+def run_row(summary: dict, config: dict, run_dir: Path) -> dict:
+    """load_runs' row of one run: its summary's fields, then its config's, flattened, and `run_dir`."""
+    row = _flat("", summary) if summary else _from_config(config, run_dir)
+    for key, value in _flat("", config).items():
+        row.setdefault(key, value)  # summary fields win: depth, seed are the same in both
+    row["run_dir"] = str(run_dir)
+    return row
 
 
 def _from_config(config: dict, run_dir: Path) -> dict:
@@ -125,6 +140,8 @@ def load_frontier(root: str | Path) -> pd.DataFrame:
     """The cells of every `frontier.json` under `root` (hydra/sweeper=frontier), one row per cell."""
     rows = []
     for path in sorted(Path(root).rglob("frontier.json")):
+        if "published" in path.relative_to(root).parts[:-1]:
+            continue  # a copy packed for publication (analysis/published.py), not another sweep
         report = records.read_json(path)
         if not isinstance(report, dict) or "cells" not in report:
             continue

@@ -41,7 +41,7 @@ class SweepLog(Callback):
         self._append(config, {"event": "start", "id": self.invocation, "overrides": OmegaConf.to_container(hydra.overrides.task, resolve=False),
                               "launcher": _target(hydra.launcher),
                               "workers": OmegaConf.select(hydra.launcher, "n_jobs", default=None),
-                              "sweeper": _target(hydra.sweeper)})
+                              "sweeper": _target(hydra.sweeper), **code_version()})
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self._append(config, {"event": "end", "id": self.invocation})
@@ -52,6 +52,27 @@ class SweepLog(Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as log:  # one short write: a line is whole or absent
             log.write(records.dumps({"at": records.utc_now(), **line}) + "\n")
+
+
+CODE_ROOT = Path(__file__).resolve().parents[2]
+CODE_PATHS = ("deepnorm_exp", "conf", "hydra_plugins", "pyproject.toml")
+
+
+def code_version() -> dict:
+    """{"commit": the checkout's HEAD, "modified": whether the code's tracked files (the package, conf/, the
+    plugins) differ from it}, for the records to name the code that ran them; {} outside a git checkout (an
+    installed package) or without git."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=CODE_ROOT, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        modified = bool(git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS))
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"commit": commit, "modified": modified}
 
 
 def _target(node: DictConfig) -> str:
