@@ -288,7 +288,9 @@ def test_a_crafted_or_damaged_sharded_checkpoint_is_refused_on_every_rank_in_one
         result = torchrun(*args)
         assert result.returncode != 0 and not marker.exists()
         lines = [line for line in result.stderr.splitlines() if line.startswith("deepnorm_exp: error: ")]
-        assert len(lines) == 2 and str(directory) in lines[0], result.stderr[-3000:]  # one per rank
+        # one per rank that got to say it: torchrun stops the other rank (SIGTERM) once one has exited, which
+        # under load can come before that rank's line (seen once in a full suite on 2 busy cores)
+        assert 1 <= len(lines) <= 2 and all(str(directory) in line for line in lines), result.stderr[-3000:]
         assert ("refused global posix.system" if damage == "planted" else "differs from what was written") in lines[0]
         assert "CheckpointException" not in result.stderr
         summary = json.loads((directory.parent / "summary.json").read_text())
