@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .tables import norm_depth_table
 from .plots import norms_in
 
 BUDGETS = (300, 1200, 4800)  # steps; the preset evaluates every 300, which holds each of them
@@ -89,10 +90,7 @@ def convergence_table(runs: pd.DataFrame) -> pd.DataFrame:
         cells.setdefault(norm, {})[int(depth)] = " / ".join(
             ("–" if pd.isna(r.fall) else f"{r.fall:.3f}") + ("" if r.converged else " (not converged)")
             for r in group.itertuples())
-    table = pd.DataFrame(cells).T.reindex(norms_in(runs))
-    table = table[sorted(table.columns)]
-    table.index.name, table.columns.name = "norm", "depth"
-    return table.fillna("")
+    return norm_depth_table(cells, norms_in(runs))
 
 
 def budget_figure(runs: pd.DataFrame, scalars: pd.DataFrame):

@@ -20,6 +20,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from .tables import norm_depth_table
 from .plots import depth_color, empty, norms_in, panels
 
 LR = "train.lr"
@@ -115,10 +116,7 @@ def best_rate_table(summary: pd.DataFrame) -> pd.DataFrame:
         if row.trained < row.seeds:  # no optimum where the seeds learned nothing: the least bad rate
             text += f" ({row.seeds - row.trained}/{row.seeds} untrained)"
         cells.setdefault(row.norm, {})[row.depth] = text
-    table = pd.DataFrame(cells).T.reindex(norms_in(summary))
-    table = table[sorted(table.columns)]
-    table.index.name, table.columns.name = "norm", "depth"
-    return table.fillna("")
+    return norm_depth_table(cells, norms_in(summary))
 
 
 def sensitivity_table(summary: pd.DataFrame) -> pd.DataFrame:

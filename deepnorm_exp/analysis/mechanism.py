@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .evidence import Evidence
-from .runs import config_column
+from .runs import config_by_run, config_column
 
 
 def _ratio_bottom_top(layers: pd.DataFrame, norm: str, depth: int, metric: str = "grad_norm") -> float:
@@ -42,8 +42,7 @@ SATURATED = 0.8  # of sqrt(2 d): the distance between unrelated LayerNorm output
 
 def peak_steps(runs: pd.DataFrame) -> pd.Series:
     """run_name -> the first step at the peak learning rate (the end of the warm-up; step 1 without one)."""
-    warmup = pd.to_numeric(config_column(runs, "train.warmup_steps"), errors="coerce").fillna(0)
-    return pd.Series(np.maximum(warmup.to_numpy(), 1).astype(int), index=runs["run_name"].to_numpy())
+    return config_by_run(runs, "train.warmup_steps").fillna(0).clip(lower=1).astype(int)
 
 
 def _in_paper_range(frame: pd.DataFrame) -> pd.DataFrame:
@@ -182,7 +181,7 @@ def _ln_input_units(e: Evidence, study: str) -> pd.DataFrame:
     rows, runs = _layers_near_peak(e, study, "ln_input_norm"), e.at_one_lr(study)
     if rows.empty:
         return pd.DataFrame()
-    scale = pd.Series(config_column(runs, "model.d_model").to_numpy(), index=runs["run_name"]).astype(float) ** 0.5
+    scale = config_by_run(runs, "model.d_model") ** 0.5
     alpha = runs.set_index("run_name").get("alpha.decoder", pd.Series(1.0, index=scale.index)).astype(float)
     rows = rows.assign(value=rows["ln_input_norm"] / (scale.reindex(rows["run_name"]).to_numpy()
                                                       * alpha.reindex(rows["run_name"]).fillna(1.0).to_numpy()))
@@ -252,8 +251,7 @@ def warmup_matters_more_for_post(e: Evidence):
     s, runs = e.scalars(WARMUP_STUDY), e.at_one_lr(WARMUP_STUDY)
     if s.empty or "model_update" not in s:
         return None, "no model_update records"
-    warm = pd.Series(pd.to_numeric(config_column(runs, "train.warmup_steps"), errors="coerce").to_numpy() > 0,
-                     index=runs["run_name"].to_numpy())
+    warm = config_by_run(runs, "train.warmup_steps") > 0
     at = s[(s["step"] == EARLY_STEPS) & s["model_update"].notna()]
     at = at.assign(warm=warm.reindex(at["run_name"]).to_numpy())
     means = at.groupby(["norm", "depth", "warm"])["model_update"].mean()

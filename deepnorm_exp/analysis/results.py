@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from . import budget, comparison_table, lr_study, plots, published
-from .runs import config_column
+from .runs import config_by_run
 from .tables import shared_value
 from .claims import NOT_RUN, Evidence, judge
 from .frontier_law import bracket_table, brackets_so_far
@@ -231,7 +231,7 @@ def warmup_table(runs: pd.DataFrame, scalars: pd.DataFrame) -> pd.DataFrame:
     """norm, depth, warm-up -> the mean model update at WARMUP_STEPS_SHOWN and the runs' outcomes."""
     if runs.empty or scalars.empty or "model_update" not in scalars:
         return pd.DataFrame()
-    warmup = pd.Series(config_column(runs, "train.warmup_steps").to_numpy(), index=runs["run_name"].to_numpy())
+    warmup = config_by_run(runs, "train.warmup_steps")
     data = scalars[scalars["step"].isin(WARMUP_STEPS_SHOWN)].assign(
         warmup=lambda f: warmup.reindex(f["run_name"]).to_numpy())
     table = data.pivot_table(index=["norm", "depth", "warmup"], columns="step", values="model_update", aggfunc="mean")

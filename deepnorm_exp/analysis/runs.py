@@ -94,6 +94,12 @@ def config_column(runs: pd.DataFrame, key: str) -> pd.Series:
     return runs[key] if key in runs else pd.Series(float("nan"), index=runs.index, dtype=float)
 
 
+def config_by_run(runs: pd.DataFrame, key: str) -> pd.Series:
+    """run_name -> a config value of each run, as numbers (NaN where a run's config lacks it)."""
+    return pd.Series(pd.to_numeric(config_column(runs, key), errors="coerce").to_numpy(),
+                     index=runs["run_name"].to_numpy())
+
+
 def _config(path: Path) -> dict:
     if not path.is_file():
         return {}

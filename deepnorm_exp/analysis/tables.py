@@ -31,7 +31,13 @@ def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss", untrained: b
         if unfinished:
             text += f" ({unfinished}/{len(group)} failed or unfinished)"
         cells.setdefault(norm, {})[int(depth)] = text
-    table = pd.DataFrame(cells).T.reindex(norms_in(runs))
+    return norm_depth_table(cells, norms_in(runs))
+
+
+def norm_depth_table(cells: dict[str, dict[int, str]], norms: list[str]) -> pd.DataFrame:
+    """{norm: {depth: text}} as a norm x depth table: the rows in `norms`' order, the depths ascending, "" where a
+    cell is missing."""
+    table = pd.DataFrame(cells).T.reindex(norms)
     table = table[sorted(table.columns)]
     table.index.name, table.columns.name = "norm", "depth"
     return table.fillna("")
