@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast bench report notebooks results gpu-study clean-runs
+.PHONY: install run test test-fast bench report notebooks results docs gpu-study clean-runs
 EXPERIMENT ?= quickstart
 
 $(STAMP): pyproject.toml
@@ -34,14 +34,16 @@ notebooks: $(STAMP)
 	$(PY) -m deepnorm_exp.analysis.notebooks runs/$(EXPERIMENT)
 
 # docs/results.md and its figures from every study's records (runs/<study>/published/, packed first from
-# the raw runs where there are any), the README's generated blocks (the claims' tally, the presets' times,
-# the quick start's, zoo's and frontier's tables) and conf/tuned_lr/lr_study.yaml from the same records.
+# the raw runs where there are any), the generated blocks of the README and of the manual's pages (the
+# claims' tally, the presets' times, the quick start's, zoo's, learning-rate and frontier tables) and
+# conf/tuned_lr/lr_study.yaml from the same records.
 RUNS ?= runs
 DOCS ?= docs
 README ?= README.md
 CONF ?= conf
+BLOCKS = $(README) $(filter-out $(DOCS)/results.md,$(wildcard $(DOCS)/*.md))
 results: $(STAMP)
-	$(PY) -m deepnorm_exp.analysis.results $(RUNS) --out $(DOCS) $(if $(README),--readme $(README)) $(if $(CONF),--conf $(CONF))
+	$(PY) -m deepnorm_exp.analysis.results $(RUNS) --out $(DOCS) $(if $(strip $(BLOCKS)),--blocks $(BLOCKS)) $(if $(CONF),--conf $(CONF))
 
 # The depth comparison at the paper's width on one GPU (conf/experiment/gpu_depth.yaml; under 8 minutes on an
 # H200), then the page from every study's records, its own included.
@@ -49,7 +51,12 @@ gpu-study: $(STAMP)
 	$(PY) -m deepnorm_exp -m experiment=gpu_depth
 	$(MAKE) results
 
-# Every test, the end-to-end CLI runs (marked slow) included.
+# The manual (docs/*.md) as a site in site/ (MkDocs, Material theme); --strict: a broken link or anchor fails.
+# make test builds it the same way (tests/test_docs.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
+# Every test, the end-to-end CLI runs (marked slow) and the manual's strict build included.
 test: $(STAMP)
 	$(PY) -m pytest -q
 

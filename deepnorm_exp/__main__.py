@@ -54,11 +54,10 @@ def worker_threads(launcher: DictConfig) -> int | None:
 
 def all_finished(jobs) -> bool:
     """Whether every job of a sweep already has a final summary, so launching would only skip them all."""
-    from .lifecycle.summary import FINAL, read_summary
+    from .lifecycle.summary import has_ended, read_summary
 
     for job in jobs:
-        summary = read_summary(job.run_dir / "summary.json")
-        if not (job.fixed and job.cfg.resume and summary is not None and summary.get("status") in FINAL):
+        if not (job.fixed and job.cfg.resume and has_ended(read_summary(job.run_dir / "summary.json"))):
             return False
     return True
 
@@ -67,12 +66,12 @@ def failed_runs(jobs) -> list[str]:
     """The jobs of a finished sweep whose run failed or left no record (a diverged run is a result; a run
     that another process holds, e.g. a second sweep launched at once, is that process's to report)."""
     from .lifecycle.runlock import held_elsewhere
-    from .lifecycle.summary import FINAL, read_summary
+    from .lifecycle.summary import has_ended, read_summary
 
     failed = []
     for job in jobs:
         summary = read_summary(job.run_dir / "summary.json") or {}
-        if summary.get("status") in FINAL:
+        if has_ended(summary):
             continue
         if summary.get("status") != "failed" and held_elsewhere(job.run_dir):
             continue  # running in another process

@@ -7,7 +7,7 @@ declares its own dataclass and `parse_section` checks the section against it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
@@ -51,45 +51,50 @@ if not OmegaConf.has_resolver("untuned_warmup"):
 
 @dataclass
 class ModelConfig:
-    kind: str = "decoder"
-    d_model: int = 64
-    n_heads: int = 4
-    d_ff: int = 256
-    max_seq_len: int = 256
+    kind: str = "decoder"  # decoder (a causal LM) | encdec (an encoder-decoder translation model): the model group
+    d_model: int = 64  # width of the residual stream
+    n_heads: int = 4  # attention heads; must divide d_model
+    d_ff: int = 256  # hidden width of each FFN
+    max_seq_len: int = 256  # the longest sequence the positions cover
     vocab_size: int = MISSING  # from the data: ${data.vocab_size}
-    dropout: float = 0.0  # fairseq's --dropout: embeddings, and each sublayer's output before the residual
+    # fairseq's --dropout: the embeddings, and each sublayer's output G(x) before the scheme combines it with x
+    dropout: float = 0.0
     attention_dropout: float = 0.0  # fairseq's --attention-dropout: the attention weights
-    activation_dropout: float = 0.0  # fairseq's --activation-dropout: the FFN's hidden activation
-    norm_eps: float = 1e-5
+    # fairseq's --activation-dropout: the FFN's hidden activation (before a Sub-LN inner norm, as torchscale)
+    activation_dropout: float = 0.0
+    norm_eps: float = 1e-5  # epsilon of every LayerNorm and RMSNorm
     positions: str = "sinusoidal"  # sinusoidal | learned
-    tie_embeddings: bool = True
-    activation_checkpointing: bool = False
-    encoder_depth: Optional[int] = None  # encdec: layers of the encoder; null = depth
-    decoder_depth: Optional[int] = None  # layers of the decoder; null = depth
+    tie_embeddings: bool = True  # the output head shares the embedding's weight
+    activation_checkpointing: bool = False  # torch.utils.checkpoint per block: less memory, one more forward
+    encoder_depth: Optional[int] = None  # encdec: layers of the encoder (null: depth); decoder-only: refused
+    decoder_depth: Optional[int] = None  # layers of the decoder (null: depth)
 
 
 @dataclass
 class DivergenceConfig:
-    # A run has diverged when its loss is non-finite, its gradients are non-finite, or its loss stays above
-    # spike_factor x (lowest loss so far) for spike_patience consecutive steps.
-    spike_factor: float = 3.0
-    spike_patience: int = 20
+    """A run has diverged when its loss or its gradients are non-finite (at once), or when its loss stays
+    above spike_factor x (its lowest loss so far) for spike_patience consecutive steps."""
+
+    spike_factor: float = 3.0  # the loss-spike rule's factor over the lowest loss so far
+    spike_patience: int = 20  # consecutive steps above it that make a divergence
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 300
-    batch_size: int = 16
-    seq_len: int = 64
-    lr: float = 1e-3
-    warmup_steps: int = "${untuned_warmup:${train.betas[1]}}"  # type: ignore[assignment]  # 100 at beta2 0.98
-    schedule: str = "inverse_sqrt"  # inverse_sqrt | cosine | constant
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
+    steps: int = 300  # optimizer steps
+    batch_size: int = 16  # sequences per step, all processes together (the global batch)
+    seq_len: int = 64  # tokens per sequence (at most model.max_seq_len)
+    lr: float = 1e-3  # peak learning rate
+    # linear warm-up steps; by default 2 / (1 - beta2), Ma and Yarats 2021 (100 at the paper's beta2 0.98)
+    warmup_steps: int = "${untuned_warmup:${train.betas[1]}}"  # type: ignore[assignment]
+    # inverse_sqrt (fairseq's: lr sqrt(warmup / step) after warm-up) | cosine | constant (torch's schedulers)
+    schedule: str = "inverse_sqrt"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW's betas (the paper's)
+    adam_eps: float = 1e-8  # AdamW's epsilon
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay (0: Adam)
     grad_clip: Optional[float] = None  # off: clipping hides the instability this harness measures
-    eval_every: int = 100
-    log_every: int = 10
+    eval_every: int = 100  # steps between held-out evaluations (and after the last step)
+    log_every: int = 10  # steps between scalar records (and at the last step)
     ckpt_every: int = 100  # steps between checkpoints (0: none); a finished run deletes its checkpoint
     keep_checkpoint: bool = False  # keep checkpoint.pt after the run completes or diverges
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16 (with loss scaling)
@@ -97,10 +102,12 @@ class TrainConfig:
     loss_scale_window: int = 2000  # fp16: steps without overflow before the scale doubles (torch's default)
     min_loss_scale: float = 1e-4  # fp16: a scale below this is a divergence (fairseq's --min-loss-scale)
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
-    parallel: str = "auto"  # auto (none for one process, ddp for several) | none | ddp | fsdp
+    parallel: str = "auto"  # auto (none for one process, ddp for several) | none | ddp | fsdp (FSDP2)
     micro_batch_size: Optional[int] = None  # rows per forward on each rank (gradient accumulation); null: all
     compile: bool = False  # torch.compile each residual block (regional: compile time does not grow with depth)
-    deterministic: bool = False  # deterministic CUDA kernels: GPU runs (and their resumes) repeat bit for bit
+    # deterministic CUDA kernels (torch.use_deterministic_algorithms, cuBLAS's fixed workspace): two GPU runs of
+    # one config, or a run and its resume, agree bit for bit; CPU runs do without it
+    deterministic: bool = False
     peak_tflops: Optional[float] = None  # the device's peak bf16 TFLOP/s for MFU (null: the table's, by GPU name)
 
 
@@ -119,16 +126,16 @@ class MetricsConfig:
 
 @dataclass
 class LoggerConfig:
-    backend: str = "wandb"  # wandb | none
-    mode: str = "offline"  # offline | online | disabled
-    project: str = "deepnorm_exp"
-    entity: Optional[str] = None
+    backend: str = "wandb"  # wandb | none (the local records are written either way)
+    mode: str = "offline"  # offline (files under the run directory; `wandb sync` later) | online | disabled
+    project: str = "deepnorm_exp"  # the W&B project
+    entity: Optional[str] = None  # the W&B entity (null: your default)
 
 
 @dataclass
 class PathsConfig:
-    runs: str = "${repo_root:}/runs"
-    cache: str = "${paths.runs}/.cache"
+    runs: str = "${repo_root:}/runs"  # root of every run record (a writable directory, or creatable)
+    cache: str = "${paths.runs}/.cache"  # generated datasets and tokenized corpora
     # submitit's job files (pickles it unpickles on the nodes): the user's own, never a shared run tree
     submitit: str = "${oc.env:HOME}/.cache/deepnorm_exp/submitit"
 
@@ -151,17 +158,45 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
-    depth: int = 6
-    seed: int = 0
+    depth: int = 6  # layers of each stack (decoder; encdec: both, unless model.encoder_depth / decoder_depth)
+    seed: int = 0  # model init and batch order; the data have their own data.seed
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: Optional[int] = None  # torch CPU threads for this run; null = torch's default
+    threads: Optional[int] = None  # torch CPU threads for this run (null: torch's default; joblib: cores // n_jobs)
     resume: bool = True  # skip finished runs, continue unfinished ones from their checkpoint
     memory_check: bool = True  # refuse a run whose estimated training memory exceeds the device's
-    experiment_name: str = "default"
+    experiment_name: str = "default"  # the directory under paths.runs (one name: no /, .., leading .), W&B group
     tuned_lr: Optional[TunedLrConfig] = None  # a table `train.lr: ${tuned_lr:}` reads (budget_study)
 
 
 ConfigStore.instance().store(name="base_config", node=Config)
+
+
+# What decides the weights a run ends with, and what does not: the one place both a run's directory name
+# (Hydra's override_dirname leaves out NAMED_KEYS and UNTRAINED_KEYS: conf/config.yaml reads
+# `${run_name_excludes:}`) and the resume check (lifecycle/run.py: trained_config) read.
+TRAINED_KEYS = ("norm", "model", "data", "train", "depth", "seed")
+NAMED_KEYS = ("norm", "depth", "seed", "experiment", "experiment_name")  # already in the run's name
+# How often a run is observed and saved, where its files go, how the same computation is laid out over
+# processes and forwards, and how the machine is checked. A section stands for every key inside it.
+UNTRAINED_KEYS = ("device", "threads", "resume", "memory_check", "logger", "metrics", "paths",
+                  "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_checkpoint",
+                  "train.parallel", "train.micro_batch_size", "train.compile", "train.peak_tflops")
+
+
+def run_name_excludes() -> list[str]:
+    """The keys a run's directory name leaves out: NAMED_KEYS, and UNTRAINED_KEYS with every key of an
+    untrained section spelled out (Hydra matches `exclude_keys` to the override's key exactly)."""
+    out = list(NAMED_KEYS)
+    for key in UNTRAINED_KEYS:
+        out.append(key)
+        section = next((f for f in fields(Config) if f.name == key), None)
+        if section is not None and is_dataclass(section.default_factory):  # type: ignore[arg-type]
+            out += [f"{key}.{inner.name}" for inner in fields(section.default_factory)]  # type: ignore[arg-type]
+    return out
+
+
+if not OmegaConf.has_resolver("run_name_excludes"):
+    OmegaConf.register_new_resolver("run_name_excludes", run_name_excludes)
 
 CHOICES = {
     "model.positions": ("sinusoidal", "learned"),

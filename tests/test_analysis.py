@@ -17,7 +17,7 @@ from deepnorm_exp.analysis.claims import CLAIMS
 from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_records, load_scalars,
                                    plots)
 from deepnorm_exp.analysis.report import write_report
-from deepnorm_exp.analysis.results import readme_blocks
+from deepnorm_exp.analysis.results import generated_blocks
 
 from conftest import REPO, TINY, run_cli
 
@@ -252,7 +252,7 @@ def test_report_renders_in_headless_chromium_without_console_errors(sweep, tmp_p
     assert shot.returncode == 0 and (tmp_path / "report.png").stat().st_size > 10_000, shot.stderr
 
 
-def test_make_results_writes_the_page_and_the_readme_blocks_from_a_tiny_sweep(sweep, tmp_path):
+def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep(sweep, tmp_path):
     """`make results` on studies made of the tiny sweep's runs: every section that has runs is written from
     them (checked against the summaries read here), the others say how to run them, every figure exists and
     is small, and the README's generated blocks are rewritten from the same records."""
@@ -305,7 +305,7 @@ def test_the_readme_zoo_block_is_the_zoo_sweeps_table_with_its_time_and_referenc
     against the summaries read here, the untrained count against their `trained` flags."""
     root = tmp_path / "runs"
     shutil.copytree(sweep, root / "zoo_depth_sweep")
-    blocks = readme_blocks(root)
+    blocks = generated_blocks(root)
     assert "quickstart" not in blocks  # a study without runs leaves its block alone
     block = blocks["zoo"]
     summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]

@@ -8,8 +8,10 @@ from omegaconf import OmegaConf
 import deepnorm_exp
 from deepnorm_exp.preflight import preflight
 from deepnorm_exp.config import CONF_DIR
+from deepnorm_exp.data import SOURCES
 from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.lifecycle.rundir import run_name
+from deepnorm_exp.schemes import SCHEMES
 
 
 def group_options():
@@ -53,7 +55,7 @@ def test_defaults_are_the_documented_ones():
 
 
 BAD = [
-    (["norm=batchnorm"], "norm", "deepnorm, depth_mup, dsinit, lnscale, mixln, periln, post, pre, rezero"),
+    (["norm=batchnorm"], "norm", "choose one of: " + ", ".join(SCHEMES.names())),  # the registry: every scheme
     (["model=gpt9"], "model", "decoder"),
     (["depth=0"], "depth", "positive"),
     (["depth=-3"], "depth", "positive"),
@@ -75,7 +77,8 @@ BAD = [
     (["device=tpu"], "device", "auto, cpu, cuda"),
     (["data.classes=1"], "data.classes", "[2, vocab_size - 3=253]"),
     (["data.vocab_size=32"], "data.classes", "[2, vocab_size - 3=29]"),
-    (["data=translation_hub"], "data", "needs lm data; choose one of: hub, synthetic, text"),
+    (["data=translation_hub"], "data",
+     "needs lm data; choose one of: " + ", ".join(n for n in SOURCES.names() if "lm" in SOURCES.get(n).tasks)),
     (["model=encdec", "data.translation_max_len=2"], "data.translation_max_len", ">= translation_min_len=4"),
     (["model=encdec", "model.encoder_depth=0"], "model.encoder_depth", "positive"),
     (["model=encdec", "data.translation_max_len=300"], "model.max_seq_len", "sequences of 301 tokens"),

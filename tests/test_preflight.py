@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
+import deepnorm_exp
 from conftest import TINY, run_cli
 from deepnorm_exp.__main__ import main, train
 from deepnorm_exp.preflight import JobComposer, hydra_command, planned_jobs, preflight
@@ -188,3 +189,25 @@ def test_the_multi_gpu_slurm_preset_is_checked_on_its_nodes_not_here(tmp_path):
     assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.nodes) == (8, 8, 1)
     with pytest.raises(Exception, match="model.n_heads=5 is invalid"):
         preflight(["-m", "hydra/launcher=slurm_multigpu", "norm=post,pre", "model.n_heads=5", f"paths.runs={tmp_path}"])
+
+
+def test_a_key_that_does_not_change_training_neither_renames_the_run_nor_stops_its_resume():
+    """One list (config.UNTRAINED_KEYS) decides both: Hydra's override_dirname leaves each key out of the
+    run's name, and the resume check ignores a change to it (train.peak_tflops once renamed the run
+    directory while the resume check ignored it)."""
+    from hydra.types import RunMode
+
+    from deepnorm_exp.config import TRAINED_KEYS, UNTRAINED_KEYS
+    from deepnorm_exp.lifecycle.run import trained_config
+
+    job = ["train.peak_tflops=989", "train.log_every=5", "logger.backend=none", "metrics.layer_every=0", "train.lr=0.003"]
+    with hydra_command(args(job), train) as command:
+        master = command.compose(command.overrides, RunMode.RUN)
+        assert JobComposer(command, master)(job).override_dirname == "train.lr=0.003"
+    base = OmegaConf.to_container(deepnorm_exp.compose([]), resolve=True)
+    for key in UNTRAINED_KEYS:
+        section, _, name = key.partition(".")
+        changed = OmegaConf.create(base)
+        OmegaConf.update(changed, key, "changed", force_add=True)
+        assert trained_config(OmegaConf.to_container(changed)) == trained_config(base), key
+        assert section not in TRAINED_KEYS or name, key  # a trained section is never untrained as a whole

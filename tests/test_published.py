@@ -98,21 +98,25 @@ def _pixels(path: Path) -> np.ndarray:
 @pytest.mark.slow
 def test_the_committed_records_regenerate_the_results_page_and_the_readme_byte_for_byte(tmp_path):
     """What a fresh clone has (the published records, no raw run) is enough: `make results` on a copy of them
-    writes docs/results.md, the README and conf/tuned_lr/ exactly as committed, and figures of the same
-    pixels."""
+    writes docs/results.md, the generated blocks of the README and the manual's pages, and conf/tuned_lr/
+    exactly as committed, and figures of the same pixels."""
     root = tmp_path / "runs"
     studies = [s.name for s in STUDIES if published.published_dir(REPO / "runs" / s.name).is_dir()]
     assert studies, "no published records in runs/*/published/"
     for name in studies:
         shutil.copytree(published.published_dir(REPO / "runs" / name), published.published_dir(root / name))
-    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    pages = ["README.md", *(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md") if p.name != "results.md")]
+    (tmp_path / "docs").mkdir()
+    for page in pages:
+        shutil.copy(REPO / page, tmp_path / page)
     proc = subprocess.run(["make", "-s", "-f", str(REPO / "Makefile"), "results", f"PY={sys.executable}", "STAMP=",
                            "RUNS=runs", "DOCS=docs", "README=README.md", "CONF=conf"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "docs" / "results.md").read_text(encoding="utf-8")
     assert page == (REPO / "docs" / "results.md").read_text(encoding="utf-8")
-    assert (tmp_path / "README.md").read_text(encoding="utf-8") == (REPO / "README.md").read_text(encoding="utf-8")
+    for page in pages:
+        assert (tmp_path / page).read_text(encoding="utf-8") == (REPO / page).read_text(encoding="utf-8"), page
     tuned = "tuned_lr/lr_study.yaml"  # the budget study's rates, written from the learning-rate study's records
     assert (tmp_path / "conf" / tuned).read_text(encoding="utf-8") == (REPO / "conf" / tuned).read_text(encoding="utf-8")
     figures = sorted(p.name for p in (tmp_path / "docs" / "results").glob("*.png"))

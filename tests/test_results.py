@@ -9,7 +9,7 @@ import pytest
 
 from deepnorm_exp.analysis import claims, mechanism
 from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, UNFINISHED, Evidence
-from deepnorm_exp.analysis.results import build_results, markdown_table, update_readme
+from deepnorm_exp.analysis.results import build_results, markdown_table, update_blocks
 from deepnorm_exp.analysis.timing import duration, preset_time, sweep_finished
 
 
@@ -361,10 +361,10 @@ def test_two_sweeps_at_once_are_paired_by_id_and_counted_once(tmp_path):
     assert (time.elapsed_s, time.invocations, time.open) == (65 * 60, 2, 0)
 
 
-def test_readme_blocks_are_replaced_by_name_and_others_left_alone(tmp_path):
+def test_generated_blocks_are_replaced_by_name_and_others_left_alone(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("a\n<!-- results:x -->\nold\n<!-- /results:x -->\nb\n<!-- results:y -->\nkeep\n<!-- /results:y -->\n")
-    assert update_readme(readme, {"x": "new\nlines", "z": "nowhere"}) == ["x"]
+    assert update_blocks(readme, {"x": "new\nlines", "z": "nowhere"}) == ["x"]
     assert readme.read_text() == ("a\n<!-- results:x -->\nnew\nlines\n<!-- /results:x -->\nb\n<!-- results:y -->\nkeep\n"
                                   "<!-- /results:y -->\n")
 
@@ -386,9 +386,9 @@ def test_an_empty_readme_block_is_filled(tmp_path):
     run; before the fix the pattern needed a line between the markers, so the block stayed empty."""
     readme = tmp_path / "README.md"
     readme.write_text("a\n<!-- results:x -->\n<!-- /results:x -->\nb\n")
-    assert update_readme(readme, {"x": "table"}) == ["x"]
+    assert update_blocks(readme, {"x": "table"}) == ["x"]
     assert readme.read_text() == "a\n<!-- results:x -->\ntable\n<!-- /results:x -->\nb\n"
-    assert update_readme(readme, {"x": "again"}) == ["x"]  # and rewritten the next time
+    assert update_blocks(readme, {"x": "again"}) == ["x"]  # and rewritten the next time
     assert readme.read_text() == "a\n<!-- results:x -->\nagain\n<!-- /results:x -->\nb\n"
 
 

@@ -55,3 +55,12 @@ def test_table_orders_by_depth_and_marks_untrained_and_diverged(tmp_path):
     assert [line.split()[0] for line in lines[2:6]] == ["deepnorm-L6-s0", "post-L6-s0", "post-L48-s0", "pre-L48-s0"]
     assert lines[2].endswith("diverged @17") and lines[4].endswith("(untrained)")
     assert "optimal loss 2.700" in lines[-1]
+
+
+def test_a_run_has_ended_when_its_summary_says_completed_or_diverged():
+    """The one test of "this run has ended" (summary.has_ended) that re-runs, sweeps and analysis share."""
+    from deepnorm_exp.lifecycle.summary import has_ended
+
+    assert has_ended({"status": "completed"}) and has_ended({"status": "diverged"})
+    for summary in (None, {}, {"status": "interrupted"}, {"status": "failed"}, {"status": "skipped"}, ["completed"]):
+        assert not has_ended(summary), summary

@@ -15,8 +15,8 @@ from deepnorm_exp.schemes.base import xavier_std
 
 from conftest import TINY, run_cli
 
-ZOO = ["rezero", "skipinit", "periln", "lnscale", "mixln", "dsinit", "subln", "depth_mup", "tfixup", "admin",
-       "sigma_reparam"]
+PAPER = ("post", "pre", "deepnorm")  # the paper's own schemes; every other registered one is the zoo
+ZOO = [name for name in SCHEMES.names() if name not in PAPER]
 NORMS = (nn.LayerNorm, nn.RMSNorm)
 WIDE = ["model.d_model=64", "model.n_heads=4", "model.d_ff=256"]
 

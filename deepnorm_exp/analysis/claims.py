@@ -294,7 +294,7 @@ CLAIMS = [
           "third of their steps", divergence_is_early),
     Claim("A 1,000-layer DeepNorm model (500L-500L) trains.", "paper_1000l", "a paper_1000l run trains",
           thousand_layers, needs="hours on a GPU (3.68B parameters): the one H200 lent to this project "
-          "had 15 minutes, in which 10 steps ran (69.8 GiB peak, 4.4 s a step; README, \"On one GPU\"), too few "
+          "had 15 minutes, in which 10 steps ran (69.8 GiB peak, 4.4 s a step; docs/clusters.md, \"On one GPU\"), too few "
           "to learn"),
 ]
 

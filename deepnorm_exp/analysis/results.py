@@ -3,9 +3,10 @@
 Writes `docs/results.md` and its figures (small PNGs in `docs/results/`) from the run records under `runs/`,
 one section per study (a preset of `conf/experiment/`), and the paper's claims judged by `claims.py`. A study
 that has not run says so and gives its command. Nothing on the page is typed in: every number is read from
-the records by this module, and `--readme README.md` rewrites the README's generated blocks (between
-`<!-- results:NAME -->` and `<!-- /results:NAME -->`) from the same records, leaving a block whose study has
-no runs, or (for a study's table) whose sweep has not finished, as it is.
+the records by this module, and `--blocks README.md docs/*.md` rewrites the generated blocks of those files
+(between `<!-- results:NAME -->` and `<!-- /results:NAME -->`: the README's, the manual's) from the same
+records, leaving a block whose study has no runs, or (for a study's table) whose sweep has not finished, as it
+is.
 """
 
 from __future__ import annotations
@@ -410,8 +411,8 @@ def code_table(evidence: Evidence) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["study", "runs", "records", "code", "commands"])
 
 
-# -- the README's generated blocks -------------------------------------------------------------------
-def readme_blocks(root: Path, evidence: Optional[Evidence] = None, every_study: bool = True) -> dict[str, str]:
+# -- the generated blocks of the README and the manual's pages -------------------------------------------------------------------
+def generated_blocks(root: Path, evidence: Optional[Evidence] = None, every_study: bool = True) -> dict[str, str]:
     """NAME -> the block's new text, for the studies that have runs: `quickstart`, `zoo` and `lr_study` (the
     tables and the time, once the sweep has finished), `frontier` (each cell's bracket and the law, once frontier.json is
     written), and, where the records hold every study the page shows (`every_study`), `presets` (every
@@ -456,7 +457,7 @@ def readme_blocks(root: Path, evidence: Optional[Evidence] = None, every_study: 
 
 def loss_table_block(evidence: Evidence, root: Path, name: str) -> str:
     """A study's norm x depth eval-loss table with what it ran, how long it took and the data's reference
-    levels, for a README block."""
+    levels, for a generated block."""
     runs = evidence.runs(name)
     steps = ", ".join(str(int(n)) for n in sorted(runs["steps"].dropna().unique()))
     seeds = runs["seed"].nunique()
@@ -467,16 +468,18 @@ def loss_table_block(evidence: Evidence, root: Path, name: str) -> str:
             "the gap (`trained: false`).\n\n" + markdown_table(comparison_table(runs, untrained=True)))
 
 
-def update_readme(path: Path, blocks: dict[str, str]) -> list[str]:
+def update_blocks(path: Path, blocks: dict[str, str]) -> list[str]:
     """Replace each `<!-- results:NAME -->...<!-- /results:NAME -->` block that `blocks` has; the names done."""
-    text, done = path.read_text(encoding="utf-8"), []
+    old = text = path.read_text(encoding="utf-8")
+    done = []
     for name, body in blocks.items():
         # `.*?` may be empty: a block added before its study has run holds nothing between its markers
         pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(<!-- /results:{name} -->)", re.S)
         text, n = pattern.subn(lambda m: m.group(1) + body + "\n" + m.group(2), text)
         if n:
             done.append(name)
-    path.write_text(text, encoding="utf-8")
+    if text != old:  # a page without blocks is left untouched, its time stamp included
+        path.write_text(text, encoding="utf-8")
     return done
 
 
@@ -485,7 +488,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("root", nargs="?", default="runs", help="the directory above the experiments (runs/)")
     parser.add_argument("--out", default="docs", help="where results.md and results/ go (default docs/)")
-    parser.add_argument("--readme", help="a README whose generated blocks to rewrite from the same records")
+    parser.add_argument("--blocks", "--readme", nargs="+", default=[], metavar="MARKDOWN",
+                        help="Markdown files (the README, the manual's pages) whose generated blocks to rewrite "
+                        "from the same records")
     parser.add_argument("--conf", help="the config directory whose tuned_lr/lr_study.yaml to write from the "
                         "learning-rate study's records (conf/)")
     parser.add_argument("--allow-missing", action="store_true",
@@ -493,8 +498,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     if not Path(args.root).is_dir():
         parser.error(f"{args.root} is not a directory (the runs root: runs/)")
-    if args.readme and not Path(args.readme).is_file():
-        parser.error(f"--readme {args.readme}: no such file")
+    for path in args.blocks:
+        if not Path(path).is_file():
+            parser.error(f"--blocks {path}: no such file")
     try:
         write(args)
     except published.PublishError as e:  # damaged published records, or packing that would lose runs
@@ -517,9 +523,13 @@ def write(args: argparse.Namespace) -> None:
         path.write_text(lr_study.tuned_lr_yaml(lr_study.lr_summary(evidence.runs("lr_study")), "lr_study"),
                         encoding="utf-8")
         print(f"{path}: the best rate per scheme and depth")
-    if args.readme:  # the blocks of the studies here; those that summarize every study wait for the page
-        done = update_readme(Path(args.readme), readme_blocks(Path(args.root), evidence, every_study=not lost))
-        print(f"{args.readme}: rewrote {', '.join(done) or 'no block (no study it shows has runs)'}")
+    if args.blocks:  # the blocks of the studies here; those that summarize every study wait for the page
+        blocks = generated_blocks(Path(args.root), evidence, every_study=not lost)
+        for path in args.blocks:
+            if done := update_blocks(Path(path), blocks):
+                print(f"{path}: rewrote {', '.join(done)}")
+        if not blocks:
+            print("generated blocks: none rewritten (no study they show has runs)")
     if lost:
         raise published.PublishError(
             f"{Path(args.out) / 'results.md'} shows runs that {args.root}/ does not hold: {'; '.join(lost)}; writing "

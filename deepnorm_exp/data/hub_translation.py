@@ -30,16 +30,16 @@ from .translation import BOS, EOS, PAD, SPECIALS
 class HubTranslationConfig:
     name: str = "translation_hub"
     path: str = "IWSLT/iwslt2017"  # hub id, or a local directory laid out like one
-    config: Optional[str] = "iwslt2017-de-en"
-    source_lang: str = "de"
-    target_lang: str = "en"
-    train_split: str = "train"
-    eval_split: str = "validation"
+    config: Optional[str] = "iwslt2017-de-en"  # the dataset's configuration
+    source_lang: str = "de"  # key of the source side in the `translation` column
+    target_lang: str = "en"  # key of the target side
+    train_split: str = "train"  # the split trained on
+    eval_split: str = "validation"  # the held-out split
     max_len: int = 128  # bytes per side
     max_train_pairs: Optional[int] = None  # the first n training pairs (None: all)
-    max_eval_pairs: int = 512
-    eval_decode: int = 64
-    vocab_size: int = BYTE_VOCAB
+    max_eval_pairs: int = 512  # held-out pairs evaluated
+    eval_decode: int = 64  # held-out pairs decoded greedily for exact-match accuracy
+    vocab_size: int = BYTE_VOCAB  # byte tokens shared by both languages (fixed)
 
     def __post_init__(self):
         if self.vocab_size != BYTE_VOCAB:

@@ -37,18 +37,18 @@ GENERATOR_VERSION = 2  # bump when the generated tokens change, so stale caches 
 @dataclass
 class SyntheticConfig:
     name: str = "synthetic"
-    vocab_size: int = 256
+    vocab_size: int = 256  # tokens of the language
     seq_len: int = 64  # tokens the model sees per sequence (each stored sequence has seq_len + 1)
-    train_sequences: int = 20_000
-    eval_sequences: int = 256
-    classes: int = 32
+    train_sequences: int = 20_000  # sequences of the training split
+    eval_sequences: int = 256  # sequences of the held-out split
+    classes: int = 32  # word classes; the next class depends on the classes of the two tokens before
     class_zipf: float = 2.5  # peakedness of the class transitions
     emission_zipf: float = 2.0  # peakedness of the tokens within a class
     trigram_weight: float = 0.6  # share of the class transition that depends on the token two back
     seed: int = 1234  # the language and its samples; the training seed does not change the data
-    # The translation task (models whose task is "translation", e.g. model=encdec); see translation.py.
-    translation_min_len: int = 4
-    translation_max_len: int = 24
+    # The translation task (models whose task is "translation", e.g. model=encdec; see translation.py):
+    translation_min_len: int = 4  # shortest source sentence, in tokens
+    translation_max_len: int = 24  # longest source sentence
     translation_reorder: int = 3  # target order reversed within blocks of this many tokens (1: monotone)
     translation_noise: float = 0.05  # chance a target token is replaced by a random one
     eval_decode: int = 64  # held-out pairs decoded greedily for exact-match accuracy

@@ -279,8 +279,8 @@ class HubTextConfig(TokenStreamConfig):
     name: str = "hub"
     path: str = MISSING  # hub id (e.g. Salesforce/wikitext) or a local directory laid out like one
     config: Optional[str] = None  # the dataset's configuration (e.g. wikitext-103-raw-v1)
-    text_column: str = "text"
-    train_split: str = "train"
+    text_column: str = "text"  # the column that holds the documents
+    train_split: str = "train"  # the split trained on
     eval_split: Optional[str] = "validation"  # null: hold out eval_fraction of the training documents
 
 

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..build import build_model, check_config, check_runtime, make_scheme
-from ..config import Config
+from ..config import TRAINED_KEYS, UNTRAINED_KEYS, Config
 from ..models import MODELS, count_params
 from ..data import load_data
 from ..errors import ConfigError, RecordError, one_line
@@ -29,7 +29,7 @@ from .preemption import PreemptionGuard
 from ..runtime import Runtime, close_runtime, init_runtime, launch_environment
 from ..records import atomic_path, remove_temporaries, utc_now
 from .runlock import RunLock
-from .summary import FINAL, TRAINED_FRACTION, format_summary, learned_fraction, read_summary, write_summary
+from .summary import TRAINED_FRACTION, format_summary, has_ended, learned_fraction, read_summary, write_summary
 from ..train import checkpoint
 from ..train.batches import RandomBatches
 from ..train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics, WallClock
@@ -144,7 +144,7 @@ def _plan(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
             return "skip", {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
         check_claim(out_dir, cfg)
         previous = read_summary(out_dir / "summary.json")
-        if cfg.resume and previous is not None and previous.get("status") in FINAL:
+        if cfg.resume and has_ended(previous):
             log.info("%s: already %s, not run again (resume=false starts over)", out_dir, previous["status"])
             return "skip", previous
         for temporary in remove_temporaries(out_dir):  # a write that a kill interrupted
@@ -159,17 +159,14 @@ def _plan(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
         return "error", e
 
 
-TRAINED_KEYS = ("norm", "model", "data", "train", "depth", "seed")  # what decides the weights a run ends with
-# How often it is observed, and how the same computation is laid out over processes and forwards.
-UNTRAINED_TRAIN_KEYS = ("log_every", "eval_every", "ckpt_every", "keep_checkpoint", "parallel", "micro_batch_size",
-                        "compile", "peak_tflops")
-
-
 def trained_config(container: dict) -> dict:
-    """The part of a resolved config that decides what is trained (metrics, logging, paths do not)."""
+    """The part of a resolved config that decides what is trained (config.py: TRAINED_KEYS, less the
+    UNTRAINED_KEYS inside those sections; metrics, logging, paths do not)."""
     out = {key: copy.deepcopy(container.get(key)) for key in TRAINED_KEYS}
-    for key in UNTRAINED_TRAIN_KEYS:
-        (out["train"] or {}).pop(key, None)
+    for key in UNTRAINED_KEYS:
+        section, _, name = key.partition(".")
+        if name and isinstance(out.get(section), dict):
+            out[section].pop(name, None)
     return out
 
 
@@ -216,7 +213,7 @@ def check_claim(out_dir: Path, cfg: DictConfig) -> None:
     there is never taken as this config's unless the config it stored (config.yaml) trains the same."""
     if not cfg.resume:
         return  # the old run is replaced
-    finished = (read_summary(out_dir / "summary.json") or {}).get("status") in FINAL
+    finished = has_ended(read_summary(out_dir / "summary.json"))
     if not finished and not checkpoint.exists(out_dir):
         return  # nothing to take over: an unfinished run without a checkpoint starts over
     try:

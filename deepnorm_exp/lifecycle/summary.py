@@ -23,6 +23,12 @@ def learned_fraction(eval_loss: Optional[float], unigram: float, optimal: Option
 
 # A run that ended: a re-run skips it, and analysis reads only these (anything else resumes or starts over)
 FINAL = ("completed", "diverged")
+
+
+def has_ended(summary: dict | None) -> bool:
+    """Whether a run's summary (None: it left none) says the run ended: completed or diverged. The one test
+    of it: a re-run skips such a run, the sweep counts it as done, the analysis reads it."""
+    return isinstance(summary, dict) and summary.get("status") in FINAL
 TRAINED_FRACTION = 0.1  # below this share of the learnable gap a run counts as `trained: false`
 
 

@@ -1,7 +1,7 @@
 """Instrumentation: callbacks beside the training loop that measure what the DeepNet paper's analysis uses.
 
 One file per measurement; `build_instruments` installs the ones `metrics.*` turns on, so a metric that is
-off costs nothing. Names of everything recorded: README.md, "Records".
+off costs nothing. Names of everything recorded: docs/records.md.
 """
 
 from __future__ import annotations

@@ -38,9 +38,9 @@ PRESETS = ("paper", "torchscale", "glm130b")
 @dataclass
 class DeepNormConfig(NormedConfig):
     name: str = "deepnorm"
-    constants: str = "paper"
-    alpha: Optional[float] = None
-    beta: Optional[float] = None
+    constants: str = "paper"  # paper (Table 1, Xavier-normal draws) | torchscale (the official code's) | glm130b
+    alpha: Optional[float] = None  # a number overrides the preset's alpha for every stack
+    beta: Optional[float] = None  # a number overrides the preset's beta for every stack
 
     def __post_init__(self):
         super().__post_init__()

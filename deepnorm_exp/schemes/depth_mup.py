@@ -22,8 +22,8 @@ from .pre import PreNorm
 @dataclass
 class DepthMuPConfig(NormedConfig):
     name: str = "depth_mup"
-    lr_rule: bool = False
-    base_depth: int = 1
+    lr_rule: bool = False  # each block's learning rate x sqrt(base_depth / L)
+    base_depth: int = 1  # the depth the learning rate was tuned at (lr_rule only)
 
     def __post_init__(self):
         super().__post_init__()

@@ -19,8 +19,8 @@ from .pre import PreNormResidual
 @dataclass
 class MixLNConfig(NormedConfig):
     name: str = "mixln"
-    post_layers: Optional[int] = None
-    post_fraction: float = 0.25
+    post_layers: Optional[int] = None  # Post-LN layers at the bottom of each stack (null: post_fraction of it)
+    post_fraction: float = 0.25  # the share of each stack in Post-LN when post_layers is null
 
     def __post_init__(self):
         super().__post_init__()

@@ -1,0 +1,93 @@
+"""One source for every default: the typed schema. docs/configuration.md is generated from it, and the
+group files in conf/ that repeat it for reading are checked against it, key for key."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from deepnorm_exp import config as schema
+from deepnorm_exp import reference
+from deepnorm_exp.data import SOURCES
+from deepnorm_exp.schemes import SCHEMES
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+
+def test_the_configuration_page_is_generated_from_the_schema():
+    committed = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert committed == reference.page(), "stale: python -m deepnorm_exp.reference docs/configuration.md"
+
+
+def test_every_key_of_the_schema_has_a_meaning_on_the_page():
+    classes = [schema.Config, *(SCHEMES.get(n).Config for n in SCHEMES.names()),
+               *(SOURCES.get(n).Config for n in SOURCES.names())]
+    for cls in classes:
+        for key, _, _, meaning in reference.key_rows(cls, ""):
+            assert meaning or key in ("name", "norm", "data"), f"{cls.__name__}.{key} has no comment"
+
+
+def test_field_comments_come_from_the_line_or_the_lines_above():
+    @dataclasses.dataclass
+    class Example:
+        a: int = 1  # the line's own comment
+        # two lines
+        # above
+        b: str = "x#y"
+        c: int = 3
+        d: str = "${x}"  # type: ignore[assignment]  # after the marker
+
+    assert reference.field_comments(Example) == {"a": "the line's own comment", "b": "two lines above",
+                                                 "d": "after the marker"}
+
+
+def flat(node, prefix=""):
+    """Dotted key -> value of a YAML mapping (unresolved) or of a dataclass's defaults."""
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def schema_defaults(cls) -> dict:
+    return flat(OmegaConf.to_container(OmegaConf.structured(cls), resolve=False, throw_on_missing=False))
+
+
+def group_files():
+    """(file, the dataclass whose defaults it repeats): each group's default option, every scheme, every
+    data source (the hub presets, `wikitext2` and the like, set values of their own on purpose)."""
+    yield CONF / "train" / "default.yaml", schema.TrainConfig
+    yield CONF / "metrics" / "default.yaml", schema.MetricsConfig
+    yield CONF / "logger" / "wandb.yaml", schema.LoggerConfig
+    yield CONF / "paths" / "default.yaml", schema.PathsConfig
+    yield CONF / "model" / "decoder.yaml", schema.ModelConfig
+    for name in SCHEMES.names():
+        yield CONF / "norm" / f"{name}.yaml", SCHEMES.get(name).Config
+    for name in SOURCES.names():
+        yield CONF / "data" / f"{name}.yaml", SOURCES.get(name).Config
+
+
+@pytest.mark.parametrize("path, cls", list(group_files()), ids=lambda v: getattr(v, "name", ""))
+def test_each_group_file_holds_every_key_of_its_schema_at_the_schemas_default(path, cls):
+    """A key the schema has and the file lacks is a default nobody reading conf/ sees (train.deterministic
+    was one); a value that differs is two defaults. An interpolation (`seq_len: ${train.seq_len}`) is the
+    file's way of tying a key to another, and may stand where the schema has a plain default."""
+    written = flat(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+    defaults = schema_defaults(cls)
+    assert set(written) == set(defaults), (f"{path.relative_to(REPO)}: missing {sorted(set(defaults) - set(written))},"
+                                           f" unknown {sorted(set(written) - set(defaults))}")
+    for key, value in written.items():
+        if key != "name" and not (isinstance(value, str) and value.startswith("${")):  # name: the file's own
+            assert value == defaults[key] or defaults[key] == "???", f"{path.name}: {key}={value}, schema {defaults[key]}"
+
+
+def test_the_root_config_repeats_the_schemas_root_defaults():
+    written = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml"), resolve=False)
+    defaults = OmegaConf.to_container(OmegaConf.structured(schema.Config), resolve=False, throw_on_missing=False)
+    plain = {k: v for k, v in defaults.items() if not isinstance(v, dict) and v != "???" and k != "tuned_lr"}
+    assert {k: written.get(k, "<missing>") for k in plain} == plain
