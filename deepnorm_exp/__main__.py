@@ -8,48 +8,8 @@ import sys
 import traceback
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
-
-from .config import CONF_DIR
-from .errors import HarnessError, one_line
-
-log = logging.getLogger("deepnorm_exp")
-
-
-# An absolute path: relative to this file only when run as `python -m`; the console script imports this
-# module as `deepnorm_exp.__main__`, for which Hydra would look for a Python package `conf`.
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def train(cfg: DictConfig) -> dict | None:
-    from .lifecycle.run import run_experiment
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    hydra_cfg = HydraConfig.get()
-    if cfg.threads is None:
-        cfg.threads = worker_threads(hydra_cfg.launcher)
-    try:
-        return run_experiment(cfg, override_dirname=hydra_cfg.job.override_dirname)
-    except (HarnessError, OSError) as e:  # said in one line: bad input, a damaged record, a full disk
-        print(f"deepnorm_exp: error: {one_line(e)}", file=sys.stderr, flush=True)
-        if hydra_cfg.mode == RunMode.RUN:
-            sys.exit(e.exit_status if isinstance(e, HarnessError) else 1)
-    except Exception as e:  # noqa: BLE001 - in a sweep one failed job is a result; the rest go on
-        if hydra_cfg.mode == RunMode.RUN:
-            raise
-        log.exception("run failed: %s", e)
-    return None
-
-
-def worker_threads(launcher: DictConfig) -> int | None:
-    """Torch threads for a joblib worker: the machine's cores shared among the jobs running at once
-    (loky alone leaves each worker 1 thread). None (torch's default) for every other launcher."""
-    if "JoblibLauncher" not in str(launcher.get("_target_", "")):
-        return None
-    cores = os.cpu_count() or 1
-    n_jobs = launcher.get("n_jobs") or 1
-    return max(1, cores // (cores if n_jobs < 0 else n_jobs))
+from .errors import HarnessError
+from .task import train
 
 
 def all_finished(jobs) -> bool:
@@ -142,7 +102,7 @@ def command(argv: list[str] | None) -> None:
                 print(f"\n{root}\n{format_table(*load_summaries(root))}")
             return
     if any(job.cfg.train.deterministic for job in jobs):
-        from .lifecycle.run import DETERMINISTIC_CUBLAS
+        from .train.numerics import DETERMINISTIC_CUBLAS
 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)  # cuBLAS reads it once
     from .preflight import checked_sweeper_override

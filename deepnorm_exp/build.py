@@ -17,6 +17,7 @@ from torch import nn
 from .config import validate
 from .data import check_data_config
 from .errors import ConfigError
+from .runtime import resolve_device
 from .models import MODELS
 from .schemes import NormScheme, build_scheme
 
@@ -52,16 +53,6 @@ def build_model(cfg: DictConfig, scheme: NormScheme | None = None) -> nn.Module:
         check_config(cfg)
         scheme = make_scheme(cfg)
     return MODELS.get(cfg.model.kind)(cfg.model, model_depths(cfg), scheme)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("device", name, "CUDA is not available here; use device=cpu or auto")
-    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
-        raise ConfigError("device", name, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return torch.device(name)
 
 
 def check_writable_dir(key: str, value: str) -> None:

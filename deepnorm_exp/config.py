@@ -108,6 +108,9 @@ class TrainConfig:
     # deterministic CUDA kernels (torch.use_deterministic_algorithms, cuBLAS's fixed workspace): two GPU runs of
     # one config, or a run and its resume, agree bit for bit; CPU runs do without it
     deterministic: bool = False
+    # CPU: flush subnormal floats (below 1.2e-38) to zero, as torch.set_flush_denormal does; deep Post-LN's
+    # vanishing backward passes through them, and each costs x86 tens of times a normal operation
+    flush_denormal: bool = True
     peak_tflops: Optional[float] = None  # the device's peak bf16 TFLOP/s for MFU (null: the table's, by GPU name)
 
 
@@ -169,6 +172,12 @@ class Config:
 
 
 ConfigStore.instance().store(name="base_config", node=Config)
+
+
+# What a key the schema gained means in a config stored before the key existed, where that is not its
+# default: the behaviour those runs had. The resume check completes a stored config with these, so a run
+# trained before train.flush_denormal existed is never taken as one trained with it.
+ABSENT_MEANS = {"train": {"flush_denormal": False}}
 
 
 # What decides the weights a run ends with, and what does not: the one place both a run's directory name

@@ -251,7 +251,7 @@ def planned_jobs(command: Command, master: DictConfig, task_function: Callable) 
 
 
 def check_job(overrides: list[str], job: ComposedJob, fixed: bool) -> Job:
-    from .lifecycle.run import check_claim
+    from .lifecycle.claim import check_claim
 
     # A cluster launcher's jobs check their device and memory on their node, when they start.
     check_runtime(job.cfg, check_config(job.cfg), job.world_size, here="Slurm" not in job.launcher)
@@ -268,7 +268,7 @@ def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tup
     from hydra._internal.utils import get_args_parser
 
     if task_function is None:
-        from .__main__ import train as task_function
+        from .task import train as task_function
     args = get_args_parser().parse_args(list(argv))
     _checked.clear()  # what this command checked, not an earlier one in the same process
     with hydra_command(args, task_function) as command:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .errors import ConfigError
+
 log = logging.getLogger("deepnorm_exp")
 
 # A rank that fails stops the others at their next collective within this time instead of never.
@@ -97,11 +99,20 @@ def launch_environment() -> tuple[int, int, int]:
     return 0, 1, 0
 
 
+def resolve_device(name: str) -> torch.device:
+    """The device `device=` names (auto: CUDA where there is one); ConfigError for one this machine lacks."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device", name, "CUDA is not available here; use device=cpu or auto")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ConfigError("device", name, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device(name)
+
+
 def init_runtime(device_name: str) -> Runtime:
     """The Runtime of this process; joins (or creates) the default process group when there are several
     (gloo on CPU, nccl on CUDA, each rank on the GPU of its local rank)."""
-    from .build import resolve_device
-
     rank, world_size, local_rank = launch_environment()
     device = resolve_device(device_name)
     if world_size == 1:

@@ -198,7 +198,7 @@ def test_a_key_that_does_not_change_training_neither_renames_the_run_nor_stops_i
     from hydra.types import RunMode
 
     from deepnorm_exp.config import TRAINED_KEYS, UNTRAINED_KEYS
-    from deepnorm_exp.lifecycle.run import trained_config
+    from deepnorm_exp.lifecycle.claim import trained_config
 
     job = ["train.peak_tflops=989", "train.log_every=5", "logger.backend=none", "metrics.layer_every=0", "train.lr=0.003"]
     with hydra_command(args(job), train) as command:

@@ -12,7 +12,7 @@ from deepnorm_exp.config import TrainConfig
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.train.callbacks import DivergenceDetector
 from deepnorm_exp.train.optim import build_scheduler
-from deepnorm_exp.train.trainer import StepOutput
+from deepnorm_exp.train.trainer import Callback, StepOutput
 
 from conftest import TINY
 
@@ -188,7 +188,7 @@ def test_a_gpu_run_killed_and_resumed_gives_the_straight_runs_losses(tmp_path):
 
 
 def test_deterministic_kernels_hold_for_the_run_and_leave_the_callers_setting(monkeypatch):
-    from deepnorm_exp.lifecycle.run import DETERMINISTIC_CUBLAS, deterministic_kernels
+    from deepnorm_exp.train.numerics import DETERMINISTIC_CUBLAS, deterministic_kernels
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     torch.use_deterministic_algorithms(True, warn_only=True)  # the caller's own setting
@@ -202,3 +202,43 @@ def test_deterministic_kernels_hold_for_the_run_and_leave_the_callers_setting(mo
         torch.use_deterministic_algorithms(False)
     with deterministic_kernels(False):
         assert not torch.are_deterministic_algorithms_enabled()
+
+
+class SubnormalProbe(Callback):
+    """What the training steps compute with 1e-40, a subnormal float32 (the smallest normal is 1.2e-38)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, trainer, out):
+        self.seen.append(float(torch.tensor(1e-40) * torch.tensor(1.0)))
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_training_flushes_subnormal_floats_to_zero_on_the_cpu_unless_told_not_to(tmp_path, flush):
+    """Deep Post-LN's backward is full of subnormals, which x86 computes tens of times slower than normal
+    floats (train.flush_denormal); the process gets IEEE arithmetic back once the run ends."""
+    cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "train.steps=2",
+                                f"train.flush_denormal={str(flush).lower()}"])
+    probe = SubnormalProbe()
+    assert run_experiment(cfg, progress=False, callbacks=[probe])["status"] == "completed"
+    assert probe.seen == ([0.0, 0.0] if flush else [pytest.approx(1e-40, rel=1e-3)] * 2)
+    assert float(torch.tensor(1e-40) * torch.tensor(1.0)) > 0  # restored after the run
+
+
+def test_a_run_stored_before_flush_denormal_existed_is_not_taken_as_one_trained_with_it(tmp_path):
+    """The stored config lacks the key: those runs computed with subnormals (config.ABSENT_MEANS), so a
+    finished one is another config's run, not this one's result."""
+    from omegaconf import OmegaConf
+
+    from deepnorm_exp.errors import ConfigError
+    from deepnorm_exp.lifecycle.claim import check_same_training
+
+    cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}"])
+    stored = OmegaConf.to_container(cfg, resolve=True)
+    del stored["train"]["flush_denormal"]
+    with pytest.raises(ConfigError) as err:
+        check_same_training(stored, cfg, tmp_path)
+    assert err.value.key == "train.flush_denormal"
+    check_same_training(stored, deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "train.flush_denormal=false"]),
+                        tmp_path)

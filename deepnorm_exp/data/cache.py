@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from .. import records
 from ..errors import RecordError
-from ..lifecycle.runlock import FileLock
+from ..locks import FileLock
 
 if TYPE_CHECKING:  # `datasets` (a second to import) is imported where a dataset is loaded, not by the checks
     from datasets import DatasetDict

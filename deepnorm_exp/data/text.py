@@ -26,7 +26,7 @@ from omegaconf import MISSING
 
 from ..config import check_seed
 from ..errors import ConfigError
-from ..lifecycle.runlock import FileLock
+from ..locks import FileLock
 from . import TaskData, register, unigram_loss_from_counts
 from .cache import cache_key, load_entry
 from .hub import load_hub

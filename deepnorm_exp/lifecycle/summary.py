@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from ..records import read_json, write_json
+from ..records import read_json, utc_now, write_json
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -30,6 +30,25 @@ def has_ended(summary: dict | None) -> bool:
     of it: a re-run skips such a run, the sweep counts it as done, the analysis reads it."""
     return isinstance(summary, dict) and summary.get("status") in FINAL
 TRAINED_FRACTION = 0.1  # below this share of the learnable gap a run counts as `trained: false`
+
+
+def new_summary(cfg: Any, name: str, out_dir: Path, runtime: Any, parallel: str, constants: dict,
+                memory_gib: float) -> dict:
+    """The summary of a run that has just started: every key summary.json has (docs/records.md), with what
+    is known before training and null for the rest; it says `failed` until the run says otherwise."""
+    return {
+        "status": "failed", "trained": None, "learned_fraction": None,
+        "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": None,
+        "final_loss": None, "eval_loss": None, "eval_step": None, "eval_weights": None, "initial_eval_loss": None,
+        "optimal_loss": None, "unigram_loss": None, "excess_loss": None,
+        "diverged_at_step": None, "divergence_reason": None, "divergence": None,
+        "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
+        **constants, "params": None, "memory_estimate_gib": memory_gib,
+        "tokens_per_s": None, "flops_per_token": None, "mfu": None, "peak_memory_gib": None, "wall_s": None,
+        "started_at": utc_now(), "finished_at": None, "loss_scale": None, "skipped_steps": None,
+        "experiment": cfg.experiment_name, "run_name": name, "run_dir": str(out_dir), "device": str(runtime.device),
+        "world_size": runtime.world_size, "parallel": parallel, "exact_match": None, "error": None,
+    }
 
 
 def write_summary(path: Path, summary: dict) -> None:

@@ -32,6 +32,7 @@ import torch
 from ..errors import RecordError, first_line
 from ..records import atomic_path
 from . import sharded
+from .damage import weights_only_refusal
 from .trainer import Callback, StepOutput, Trainer
 
 log = logging.getLogger("deepnorm_exp")
@@ -125,7 +126,7 @@ def load(path: Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # names something the weights-only loader does not build
         raise damaged(path, f"it holds more than tensors, numbers and strings (a checkpoint of an older version, or "
-                      f"a crafted file): {sharded.weights_only_refusal(e)}"
+                      f"a crafted file): {weights_only_refusal(e)}"
                       ) from None
     except Exception as e:  # noqa: BLE001 - whatever unpickling a damaged file raises
         raise damaged(path, f"{type(e).__name__}: {first_line(e)}") from None

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ..errors import RecordError, first_line
-from .sharded import damaged, weights_only_refusal
+from .damage import damaged, weights_only_refusal
 
 # What DCP's .metadata pickles, and nothing else: its own dataclasses, torch's sizes, dtypes and layouts,
 # and the checkpoint's path. Each is a constructor or a lookup; none runs code it is given.

@@ -31,6 +31,7 @@ import torch
 from .. import records
 from ..errors import RecordError, first_line
 from ..runtime import Runtime
+from .damage import damaged
 
 if TYPE_CHECKING:  # torch.distributed.checkpoint takes a second to import: imported where a checkpoint is
     from torch.distributed.checkpoint import CheckpointException  # read or written, not by the pre-flight
@@ -97,18 +98,6 @@ def verify(directory: Path, files: dict | None) -> None:
     why = records.manifest_damage(directory, files, skip=(TRAINER_STATE,))
     if why is not None:
         raise damaged(directory, why)
-
-
-def weights_only_refusal(e: BaseException) -> str:
-    """What torch's weights-only refusal says was refused: its first line is advice to load the file
-    unsafely and its last a link; the line between names the global or opcode."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    middle = [line for line in lines if not line.startswith(("Weights only load failed", "Check the documentation"))]
-    return (middle or lines or [type(e).__name__])[0]
-
-
-def damaged(directory: Path, why: str) -> RecordError:
-    return RecordError(f"{directory} is damaged ({why}); delete it to start this run over, or resume=false")
 
 
 def first_refusal(e: CheckpointException, directory: Path) -> RecordError:

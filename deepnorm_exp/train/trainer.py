@@ -18,6 +18,7 @@ from torch import nn
 
 from ..runtime import Runtime
 from .batches import sequential_batches
+from .numerics import autocast_context
 from .parallel import no_gradient_sync, reshard_root
 
 
@@ -77,11 +78,6 @@ def frozen_gc():
         yield
     finally:
         gc.unfreeze()
-
-
-def autocast_context(device: torch.device, dtype: torch.dtype | None):
-    """bf16 (or other) autocast when a dtype is given; full precision otherwise."""
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -1,0 +1,120 @@
+"""Claiming a run directory: whether this config's run there is finished (skip it), unfinished (resume it)
+or absent (start it), and refusing a directory that holds a run trained with another config. The keys
+that decide what is trained are config.py's (TRAINED_KEYS, UNTRAINED_KEYS), read also for run names."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import ABSENT_MEANS, TRAINED_KEYS, UNTRAINED_KEYS, Config
+from ..errors import ConfigError, RecordError
+from ..records import remove_temporaries
+from ..train import checkpoint
+from .runlock import RunLock
+from .summary import has_ended, read_summary
+
+log = logging.getLogger("deepnorm_exp")
+
+RECORD_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "layers", "summary.json", "wandb", "checkpoint.pt",
+                "checkpoint.dcp")
+
+
+def plan_run(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
+    """The main process's decision for a run directory, under its lock: ("train", resuming), ("skip",
+    summary) or ("error", the exception), so that every rank can act on it."""
+    try:
+        if not lock.acquire(patience=1.0):
+            log.warning("%s: another process is running it; leaving it to that one", out_dir)
+            return "skip", {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
+        check_claim(out_dir, cfg)
+        previous = read_summary(out_dir / "summary.json")
+        if cfg.resume and has_ended(previous):
+            log.info("%s: already %s, not run again (resume=false starts over)", out_dir, previous["status"])
+            return "skip", previous
+        for temporary in remove_temporaries(out_dir):  # a write that a kill interrupted
+            log.info("removed %s, left by an interrupted write", temporary)
+        resuming = cfg.resume and checkpoint.exists(out_dir)
+        if not resuming:
+            for stale in RECORD_FILES:  # starting over: nothing of an earlier attempt survives
+                path = out_dir / stale
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        return "train", resuming
+    except Exception as e:  # noqa: BLE001 - said on every rank
+        return "error", e
+
+
+def trained_config(container: dict) -> dict:
+    """The part of a resolved config that decides what is trained (config.py: TRAINED_KEYS, less the
+    UNTRAINED_KEYS inside those sections; metrics, logging, paths do not)."""
+    out = {key: copy.deepcopy(container.get(key)) for key in TRAINED_KEYS}
+    for key in UNTRAINED_KEYS:
+        section, _, name = key.partition(".")
+        if name and isinstance(out.get(section), dict):
+            out[section].pop(name, None)
+    return out
+
+
+def first_difference(before: Any, now: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
+    """(dotted key, value before, value now) of the first place two config trees differ, or None."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        for key in list(before) + [k for k in now if k not in before]:
+            found = first_difference(before.get(key, "<unset>"), now.get(key, "<unset>"), f"{prefix}{key}.")
+            if found:
+                return found
+        return None
+    return None if before == now else (prefix.rstrip("."), before, now)
+
+
+def with_schema_defaults(stored: Any, defaults: Any) -> Any:
+    """`stored` with the keys the schema gained after it was written, at their defaults. A key is added with
+    the default that keeps what runs did before it existed, so a run stored before it trains the same."""
+    if not (isinstance(stored, dict) and isinstance(defaults, dict)):
+        return stored
+    filled = {key: with_schema_defaults(value, defaults.get(key)) for key, value in stored.items()}
+    filled.update({key: value for key, value in defaults.items() if key not in stored and value != "???"})
+    return filled
+
+
+@functools.cache
+def schema_defaults() -> dict:
+    """What a stored config is completed with: the typed config's defaults, but where a key's absence
+    means other than its default (config.ABSENT_MEANS), that; as plain containers (11 ms to build; the
+    pre-flight checks every job's run directory). Read-only: `with_schema_defaults` shares its values,
+    `trained_config` copies them."""
+    defaults = OmegaConf.merge(OmegaConf.structured(Config), ABSENT_MEANS)  # what stored configs lacked
+    return OmegaConf.to_container(defaults, resolve=False, throw_on_missing=False)
+
+
+def check_same_training(stored: dict, cfg: DictConfig, out_dir: Path) -> None:
+    """ConfigError unless `stored` (a resolved config) trains what `cfg` asks for."""
+    found = first_difference(trained_config(with_schema_defaults(stored, schema_defaults())),
+                             trained_config(OmegaConf.to_container(cfg, resolve=True)))
+    if found is not None:
+        key, before, now = found
+        raise ConfigError(key, now, f"{out_dir} holds a run trained with {key}={before}; give this run its own "
+                                    f"experiment_name, or resume=false to replace that run")
+
+
+def check_claim(out_dir: Path, cfg: DictConfig) -> None:
+    """A run directory belongs to the one trained config that wrote it: a finished run or a checkpoint
+    there is never taken as this config's unless the config it stored (config.yaml) trains the same."""
+    if not cfg.resume:
+        return  # the old run is replaced
+    finished = has_ended(read_summary(out_dir / "summary.json"))
+    if not finished and not checkpoint.exists(out_dir):
+        return  # nothing to take over: an unfinished run without a checkpoint starts over
+    try:
+        stored = OmegaConf.to_container(OmegaConf.load(out_dir / "config.yaml"), resolve=False)
+    except Exception as e:  # noqa: BLE001 - missing, or whatever YAML raises on a damaged file
+        if finished:
+            raise RecordError(f"{out_dir / 'config.yaml'} is missing or damaged ({type(e).__name__}), so the "
+                              f"finished run there cannot be matched to this config; resume=false replaces it") from None
+        return  # the checkpoint carries its own config, checked when it is loaded
+    check_same_training(stored, cfg, out_dir)
