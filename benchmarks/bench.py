@@ -244,7 +244,7 @@ def memory_estimate_mb(depth: int, checkpointing: bool) -> float:
 
     cfg = compose([*SHAPE, "norm=deepnorm", f"depth={depth}", "metrics=off",
                    f"model.activation_checkpointing={str(checkpointing).lower()}"])
-    return estimate(cfg, make_scheme(cfg), model_depths(cfg), cfg.train.seq_len).total_bytes / 2**20
+    return estimate(cfg, make_scheme(cfg), model_depths(cfg), cfg.train.seq_len, weight_copy=False).total_bytes / 2**20
 
 
 def memory_section(depths: tuple[int, ...], steps: int, root: Path, rows: dict) -> None:

@@ -11,13 +11,14 @@ import os
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from torch import nn
 
 from .config import validate
 from .data import check_data_config
 from .errors import ConfigError
 from .runtime import resolve_device
+from .metrics import holds_weight_copy, parse_metrics
 from .models import MODELS
 from .schemes import NormScheme, build_scheme
 
@@ -40,6 +41,8 @@ def check_config(cfg: DictConfig) -> int:
         raise ConfigError("model.encoder_depth", cfg.model.encoder_depth,
                           f"model={cfg.model.kind} has no encoder; use null")
     make_scheme(cfg)
+    with open_dict(cfg):  # checked, and with every instrument's default: what every reader of it sees
+        cfg.metrics = parse_metrics(cfg.metrics)
     positions = check_data_config(cfg.data, model_cls.task)
     if positions > cfg.model.max_seq_len:
         raise ConfigError("model.max_seq_len", cfg.model.max_seq_len,
@@ -73,7 +76,7 @@ def check_memory(cfg: DictConfig, device: torch.device, positions: int):
     the device (memory_check=false lets it try anyway)."""
     from .train.memory import GIB, device_memory, estimate
 
-    guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions)
+    guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions, holds_weight_copy(cfg.metrics))
     available = device_memory(device)
     if cfg.memory_check and guess.total_bytes > available:
         raise ConfigError("depth", cfg.depth, f"training would need ~{guess.total_bytes / GIB:,.1f} GiB "

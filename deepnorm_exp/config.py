@@ -115,19 +115,6 @@ class TrainConfig:
 
 
 @dataclass
-class MetricsConfig:
-    """Instrumentation (deepnorm_exp/metrics/). Scalars every train.log_every, vectors every layer_every."""
-
-    update_norm: bool = True  # update_norm, update_ratio: ||delta theta|| of the step (a weight copy)
-    model_update: bool = True  # model_update, model_update_step on the probe batch (two probe forwards)
-    layer_every: int = 50  # per-layer vectors every N steps; 0 turns all of them off
-    layer_grads: bool = True  # grad_norm per residual block
-    layer_updates: bool = True  # update_ratio per residual block
-    activations: bool = True  # ln_input_norm, out_norm, attn_entropy per block, on the probe batch
-    probe_batch: int = 2  # held-out examples F(x) is measured on (the first of the eval split)
-
-
-@dataclass
 class LoggerConfig:
     backend: str = "wandb"  # wandb | none (the local records are written either way)
     mode: str = "offline"  # offline (files under the run directory; `wandb sync` later) | online | disabled
@@ -158,7 +145,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    metrics: Any = MISSING  # the instruments' keys: checked against metrics_schema() (deepnorm_exp/metrics/)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     depth: int = 6  # layers of each stack (decoder; encdec: both, unless model.encoder_depth / decoder_depth)
@@ -201,6 +188,8 @@ def run_name_excludes() -> list[str]:
         section = next((f for f in fields(Config) if f.name == key), None)
         if section is not None and is_dataclass(section.default_factory):  # type: ignore[arg-type]
             out += [f"{key}.{inner.name}" for inner in fields(section.default_factory)]  # type: ignore[arg-type]
+        elif (CONF_DIR / key / "default.yaml").is_file():  # a section its plug-ins declare: its default's keys
+            out += [f"{key}.{inner}" for inner in OmegaConf.load(CONF_DIR / key / "default.yaml")]
     return out
 
 
@@ -217,12 +206,10 @@ CHOICES = {
 }
 POSITIVE_INTS = ("depth", "model.d_model", "model.n_heads", "model.d_ff", "model.max_seq_len",
                  "model.vocab_size", "train.steps", "train.batch_size", "train.seq_len", "train.log_every",
-                 "train.eval_every", "train.divergence.spike_patience", "metrics.probe_batch",
-                 "train.loss_scale_window")
+                 "train.eval_every", "train.divergence.spike_patience", "train.loss_scale_window")
 POSITIVE_FLOATS = ("train.lr", "model.norm_eps", "train.adam_eps", "train.divergence.spike_factor",
                    "train.loss_scale_init", "train.min_loss_scale")
-NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "metrics.layer_every",
-                "train.ckpt_every")
+NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "train.ckpt_every")
 
 
 def _get(cfg: DictConfig, key: str) -> Any:

@@ -465,7 +465,7 @@ def test_the_parameter_estimate_is_exact(overrides):
 
     cfg = deepnorm_exp.compose(["depth=5", *overrides])
     positions = check_data_config(cfg.data, MODELS.get(cfg.model.kind).task)
-    guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions)
+    guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions, weight_copy=True)
     assert guess.params == count_params(deepnorm_exp.build_model(cfg))
 
 

@@ -2,6 +2,7 @@
 look like when measured on tiny models."""
 
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,10 +13,12 @@ import torch
 from torch.func import functional_call
 
 import deepnorm_exp
-from deepnorm_exp.config import MetricsConfig
 from deepnorm_exp.errors import ConfigError
-from deepnorm_exp.metrics import (ActivationStats, BlockIndex, LayerGradNorms, ModelUpdate, ParamBlocks,
-                                  ParameterUpdates, Probe, build_instruments)
+from deepnorm_exp.metrics import BlockIndex, ParamBlocks, Probe, build_instruments, metrics_schema
+from deepnorm_exp.metrics.activations import ActivationStats
+from deepnorm_exp.metrics.gradients import LayerGradNorms
+from deepnorm_exp.metrics.model_update import ModelUpdate
+from deepnorm_exp.metrics.updates import ParameterUpdates
 from deepnorm_exp.models.layers import CrossAttention, SelfAttention
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.sinks.layers import load_layers
@@ -255,6 +258,7 @@ def test_layer_files_hold_every_block_at_every_measured_step(tmp_path):
 
 def test_turning_metrics_off_installs_nothing():
     model = tiny("depth=2")
+    MetricsConfig = metrics_schema()
     off = MetricsConfig(update_norm=False, model_update=False, layer_every=0)
     assert build_instruments(off, 10, model, lm_batch(), CPU)[0] == []
     only_grads = MetricsConfig(update_norm=False, model_update=False, activations=False, layer_updates=False)
@@ -340,3 +344,37 @@ def test_throughput_reports_achieved_flops_and_mfu_against_the_peak():
     assert Record.record["flops_per_s"] == 6e12 and Record.record["mfu"] == pytest.approx(6e12 / (2 * 989e12))
     assert peak_flops(CPU, None) is None and peak_flops(CPU, 100.0) == 100e12
     assert PEAK_BF16_TFLOPS["H200"] == 989.0  # dense bf16, the datasheet's figure without sparsity
+
+
+def test_an_instrument_is_one_module_that_registers_its_keys_and_its_builder():
+    """What adding a metric takes, besides its line in conf/metrics/default.yaml: a module that registers
+    its `metrics.*` keys and a builder (here made in the test). The section's schema, its checks and the
+    callbacks a run installs follow without an edit anywhere else."""
+    from dataclasses import dataclass
+
+    from deepnorm_exp.metrics import INSTRUMENTS, instrument
+
+    @dataclass
+    class LossEchoConfig:
+        loss_echo: bool = False  # a test instrument
+
+    class LossEcho(Callback):
+        pass
+
+    @instrument("loss_echo", LossEchoConfig, order=99)
+    def build(cfg, context):
+        return LossEcho() if cfg.loss_echo else None
+
+    metrics_schema.cache_clear()
+    try:
+        assert "loss_echo" in {f.name for f in dataclasses.fields(metrics_schema())}
+        cfg = deepnorm_exp.compose(["+metrics.loss_echo=true"])
+        model = tiny("depth=2")
+        assert type(build_instruments(cfg.metrics, 10, model, lm_batch(), CPU)[0][-1]).__name__ == "LossEcho"
+        assert deepnorm_exp.compose([]).metrics.loss_echo is False  # its default, in every run's config
+        with pytest.raises(ConfigError, match="metrics.loss_echo"):
+            deepnorm_exp.compose(["+metrics.loss_echo=maybe"])
+    finally:
+        INSTRUMENTS._items.pop("loss_echo")
+        metrics_schema.cache_clear()
+    assert "loss_echo" not in {f.name for f in dataclasses.fields(metrics_schema())}

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from deepnorm_exp import config as schema
 from deepnorm_exp import reference
 from deepnorm_exp.data import SOURCES
+from deepnorm_exp.metrics import INSTRUMENTS, metrics_schema
 from deepnorm_exp.schemes import SCHEMES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def group_files():
     """(file, the dataclass whose defaults it repeats): each group's default option, every scheme, every
     data source (the hub presets, `wikitext2` and the like, set values of their own on purpose)."""
     yield CONF / "train" / "default.yaml", schema.TrainConfig
-    yield CONF / "metrics" / "default.yaml", schema.MetricsConfig
+    yield CONF / "metrics" / "default.yaml", metrics_schema()
     yield CONF / "logger" / "wandb.yaml", schema.LoggerConfig
     yield CONF / "paths" / "default.yaml", schema.PathsConfig
     yield CONF / "model" / "decoder.yaml", schema.ModelConfig

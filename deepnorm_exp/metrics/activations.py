@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..train.trainer import Callback, StepOutput, Trainer, is_due
+from . import Context, instrument
 from .blocks import BlockIndex
 from .probe import Probe
+
+
+@dataclass
+class ActivationsConfig:
+    activations: bool = True  # per-layer ln_input_norm, out_norm, attn_entropy of every block, on the probe batch
 
 
 def mean_token_norm(x: torch.Tensor) -> float:
@@ -73,3 +80,9 @@ class ActivationStats(Callback):
                 entropy = -torch.special.xlogy(probs, probs).sum(-1)  # 0 log 0 = 0 for masked keys
                 values["attn_entropy"][i] = float(entropy.mean())
         return hook
+
+
+@instrument("activations", ActivationsConfig, order=40)
+def build(cfg, context: Context) -> ActivationStats | None:
+    every = context.layer_every(cfg.activations)
+    return ActivationStats(context.index, context.probe, every) if every else None

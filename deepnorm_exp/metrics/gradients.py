@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..train.trainer import Callback, StepOutput, Trainer, is_due
+from . import Context, instrument
 from .blocks import ParamBlocks, squared_norms
+
+
+@dataclass
+class LayerGradsConfig:
+    layer_grads: bool = True  # per-layer grad_norm of every residual block, every metrics.layer_every steps
 
 
 class LayerGradNorms(Callback):
@@ -20,3 +28,9 @@ class LayerGradNorms(Callback):
         squared = squared_norms(grads).cpu()
         full = squared.new_zeros(len(self.blocks.params)).index_copy_(0, present, squared)
         trainer.layer_record["grad_norm"] = self.blocks.per_block(full).numpy()
+
+
+@instrument("layer_grads", LayerGradsConfig, order=10)
+def build(cfg, context: Context) -> LayerGradNorms | None:
+    every = context.layer_every(cfg.layer_grads)
+    return LayerGradNorms(context.blocks, every) if every else None

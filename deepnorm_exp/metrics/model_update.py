@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..train.trainer import Callback, StepOutput, Trainer, is_due
+from . import Context, instrument
 from .probe import Probe, rms_distance
+
+
+@dataclass
+class ModelUpdateConfig:
+    model_update: bool = True  # scalars model_update, model_update_step on the probe batch (two probe forwards)
 
 
 class ModelUpdate(Callback):
@@ -41,3 +49,8 @@ class ModelUpdate(Callback):
         trainer.record.update(model_update=rms_distance(current, self.initial),
                               model_update_step=rms_distance(current, self.previous))
         self.previous = None
+
+
+@instrument("model_update", ModelUpdateConfig, order=30)
+def build(cfg, context: Context) -> ModelUpdate | None:
+    return ModelUpdate(context.probe, context.log_every, context.routed) if cfg.model_update else None

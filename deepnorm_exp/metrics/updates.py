@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..train.trainer import Callback, StepOutput, Trainer, is_due
+from . import Context, instrument
 from .blocks import ParamBlocks, squared_norms
+
+
+@dataclass
+class UpdatesConfig:
+    update_norm: bool = True  # scalars update_norm, update_ratio: ||delta theta|| of the step (a weight copy)
+    layer_updates: bool = True  # per-layer update_ratio of every residual block, every metrics.layer_every steps
 
 
 class ParameterUpdates(Callback):
@@ -42,3 +51,13 @@ class ParameterUpdates(Callback):
         if is_due(out.step, self.layer_every, trainer.steps):
             ratio = self.blocks.per_block(delta_sq) / self.blocks.per_block(self.before_sq)
             trainer.layer_record["update_ratio"] = ratio.numpy()
+
+
+def copies_weights(cfg) -> bool:
+    return bool(cfg.update_norm or (cfg.layer_every and cfg.layer_updates))
+
+
+@instrument("updates", UpdatesConfig, order=20, weight_copies=copies_weights)
+def build(cfg, context: Context) -> ParameterUpdates | None:
+    every, layer_every = context.log_every if cfg.update_norm else 0, context.layer_every(cfg.layer_updates)
+    return ParameterUpdates(context.blocks, every, layer_every) if (every or layer_every) else None

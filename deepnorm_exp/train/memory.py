@@ -105,13 +105,13 @@ def shape(cfg: DictConfig, scheme, stacks: tuple[str, ...]) -> Shape:
     return _SHAPES[key]
 
 
-def estimate(cfg: DictConfig, scheme, depths: dict[str, int], positions: int) -> MemoryEstimate:
-    """`depths`: layers per stack (what the scheme was made for); `positions`: the longest sequence fed."""
+def estimate(cfg: DictConfig, scheme, depths: dict[str, int], positions: int, weight_copy: bool) -> MemoryEstimate:
+    """`depths`: layers per stack (what the scheme was made for); `positions`: the longest sequence fed;
+    `weight_copy`: whether an instrument copies the weights each step (metrics.holds_weight_copy)."""
     model_shape = shape(cfg, scheme, tuple(depths))
     params = model_shape.base + sum(model_shape.per_layer[stack] * (depth - 1) for stack, depth in depths.items())
 
-    metrics = cfg.metrics
-    copies = 4 if (metrics.update_norm or (metrics.layer_every and metrics.layer_updates)) else 0
+    copies = 4 if weight_copy else 0
     d, f = cfg.model.d_model, cfg.model.d_ff
     tokens = cfg.train.batch_size * positions
     float_bytes = 2 if (cfg.train.precision in ("bf16", "fp16") or (cfg.train.precision == "auto" and cfg.device != "cpu"
