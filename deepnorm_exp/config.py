@@ -6,6 +6,7 @@ declares its own dataclass and `parse_section` checks the section against it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -169,7 +170,7 @@ ABSENT_MEANS = {"train": {"flush_denormal": False}}
 
 # What decides the weights a run ends with, and what does not: the one place both a run's directory name
 # (Hydra's override_dirname leaves out NAMED_KEYS and UNTRAINED_KEYS: conf/config.yaml reads
-# `${run_name_excludes:}`) and the resume check (lifecycle/run.py: trained_config) read.
+# `${run_name_excludes:}`) and the resume check (lifecycle/claim.py: trained_config) read.
 TRAINED_KEYS = ("norm", "model", "data", "train", "depth", "seed")
 NAMED_KEYS = ("norm", "depth", "seed", "experiment", "experiment_name")  # already in the run's name
 # How often a run is observed and saved, where its files go, how the same computation is laid out over
@@ -181,7 +182,13 @@ UNTRAINED_KEYS = ("device", "threads", "resume", "memory_check", "logger", "metr
 
 def run_name_excludes() -> list[str]:
     """The keys a run's directory name leaves out: NAMED_KEYS, and UNTRAINED_KEYS with every key of an
-    untrained section spelled out (Hydra matches `exclude_keys` to the override's key exactly)."""
+    untrained section spelled out (Hydra matches `exclude_keys` to the override's key exactly). Resolved
+    at every composition, a sweep's jobs included: the list is made once per process."""
+    return list(_run_name_excludes())
+
+
+@functools.cache
+def _run_name_excludes() -> tuple[str, ...]:
     out = list(NAMED_KEYS)
     for key in UNTRAINED_KEYS:
         out.append(key)
@@ -190,7 +197,7 @@ def run_name_excludes() -> list[str]:
             out += [f"{key}.{inner.name}" for inner in fields(section.default_factory)]  # type: ignore[arg-type]
         elif (CONF_DIR / key / "default.yaml").is_file():  # a section its plug-ins declare: its default's keys
             out += [f"{key}.{inner}" for inner in OmegaConf.load(CONF_DIR / key / "default.yaml")]
-    return out
+    return tuple(out)
 
 
 if not OmegaConf.has_resolver("run_name_excludes"):

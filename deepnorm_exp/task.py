@@ -20,8 +20,8 @@ from .errors import HarnessError, one_line
 log = logging.getLogger("deepnorm_exp")
 
 
-# An absolute path: relative to this file only when run as `python -m`; the console script imports this
-# module as `deepnorm_exp.__main__`, for which Hydra would look for a Python package `conf`.
+# An absolute path: Hydra reads a relative one against the calling module, which depends on how the command
+# was started (`python -m deepnorm_exp`, the console script, the pre-flight importing this module).
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def train(cfg: DictConfig) -> dict | None:
     from .lifecycle.run import run_experiment

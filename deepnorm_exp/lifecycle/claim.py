@@ -73,8 +73,9 @@ def first_difference(before: Any, now: Any, prefix: str = "") -> tuple[str, Any,
 
 
 def with_schema_defaults(stored: Any, defaults: Any) -> Any:
-    """`stored` with the keys the schema gained after it was written, at their defaults. A key is added with
-    the default that keeps what runs did before it existed, so a run stored before it trains the same."""
+    """`stored` with the keys the schema gained after it was written, at `defaults` (`schema_defaults`: what
+    a key's absence means, the behaviour runs had before it existed), so a run stored before it compares as
+    it trained."""
     if not (isinstance(stored, dict) and isinstance(defaults, dict)):
         return stored
     filled = {key: with_schema_defaults(value, defaults.get(key)) for key, value in stored.items()}
