@@ -130,11 +130,14 @@ def mech_scalars(post_growth=3.0, deep_at_peak=1.0, post_late=0.1, depths=DEPTHS
 
 
 def mech(scalars=None, layers=None, runs=None, **extension) -> Evidence:
-    frames = {"runs_model_update": mech_runs() if runs is None else runs,
-              "scalars_model_update": mech_scalars() if scalars is None else scalars}
-    if layers is not None:
-        frames["layers_model_update"] = layers
-    return evidence(**frames, **extension)
+    """The same frames in model_update and in the study the size claims read (its tenth of the rate)."""
+    frames = {}
+    for study in ("model_update", mechanism.SIZE_STUDY):
+        frames[f"runs_{study}"] = mech_runs() if runs is None else runs
+        frames[f"scalars_{study}"] = mech_scalars() if scalars is None else scalars
+        if layers is not None:
+            frames[f"layers_{study}"] = layers
+    return evidence(**{**frames, **extension})
 
 
 def test_the_model_update_explodes_is_a_ratio_to_deepnorm_growing_with_depth_read_at_the_peak():
@@ -151,12 +154,26 @@ def test_the_model_update_explodes_is_a_ratio_to_deepnorm_growing_with_depth_rea
     assert mechanism.peak_steps(no_warmup).eq(1).all()
 
 
+def test_the_size_claims_read_the_tenth_of_the_rate_and_the_others_model_update():
+    """model_update saturated (every update 10, over 0.8 sqrt(2 * 64) = 9.05) beside a clean tenth-rate study:
+    the size claims are decided from the latter; the per-step ratio still reads model_update."""
+    saturated = mech_scalars(deep_at_peak=10.0, post_late=1.0)
+    e = mech(scalars_model_update=saturated)
+    assert claims.post_update_explodes(e)[0] is True and claims.deepnorm_update_bounded(e)[0] is True
+    assert claims.post_update_then_stops(e)[0] is False
+    e = mech(**{f"scalars_{mechanism.SIZE_STUDY}": saturated})
+    assert claims.post_update_explodes(e)[0] is None and claims.deepnorm_update_bounded(e)[0] is None
+    assert claims.post_update_then_stops(e)[0] is True
+    assert {c.study for c in claims.CLAIMS if c.check in (claims.post_update_explodes,
+                                                         claims.deepnorm_update_bounded)} == {mechanism.SIZE_STUDY}
+
+
 def test_the_paper_range_decides_and_the_thousand_layer_runs_are_shown_beside_it():
-    """At L1000 (the extension) Post-LN's ratio falls back to 1: shown, and the verdict unchanged."""
-    big = mech_scalars(post_growth=1.0, depths=(1000,), seeds=(0,))
+    """At L1000 (the extension) Post-LN stops no more than DeepNorm: shown, and the verdict unchanged."""
+    big = mech_scalars(post_late=1.0, depths=(1000,), seeds=(0,))
     e = mech(runs_model_update_1000l=mech_runs(depths=(1000,), seeds=(0,)), scalars_model_update_1000l=big)
-    met, numbers = claims.post_update_explodes(e)
-    assert met is True and "(extension, not judged, `model_update_1000l`: " in numbers and "L1000" in numbers
+    met, numbers = claims.post_update_then_stops(e)
+    assert met is True and "(extension, not judged, `model_update_1000l`: " in numbers and "L1000 1" in numbers
     # the rule reads only 6-100: a study whose deepest depth is 1,000 alone cannot decide
     only_deep = mech(mech_scalars(depths=(6, 1000)), runs=mech_runs(depths=(6, 1000)))
     assert claims.post_update_explodes(only_deep)[0] is None
@@ -183,6 +200,14 @@ def test_deepnorms_update_is_bounded_when_it_does_not_grow_beyond_the_seeds_spre
     infinite = mech_scalars()
     infinite.loc[infinite.norm == "deepnorm", "model_update"] = np.inf
     assert claims.deepnorm_update_bounded(mech(infinite))[0] is None
+    # saturated at both ends (over 0.8 sqrt(2 * 64) = 9.05): it could not have grown, no reading
+    met, numbers = claims.deepnorm_update_bounded(mech(mech_scalars(deep_at_peak=9.5)))
+    assert met is None and "saturated" in numbers
+    # growth seen from an unsaturated shallow end up to a saturated deep one is growth
+    to_saturation = mech_scalars()
+    to_saturation.loc[(to_saturation.norm == "deepnorm") & (to_saturation.depth == 100)
+                      & (to_saturation.step == WARMUP), "model_update"] = 9.5
+    assert claims.deepnorm_update_bounded(mech(to_saturation))[0] is False
 
 
 def mech_layers(post_bottom=0.01, deep_bottom=1.0, pre_bottom=2.0, post_ln=3.0, deep_ln=1.2):

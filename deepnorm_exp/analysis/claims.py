@@ -23,7 +23,7 @@ from .budget import CONVERGED_FALL, with_convergence
 from .evidence import Evidence
 from .frontier_law import frontier_cells
 from .lr_study import at_best_rates
-from .mechanism import (EARLY_STEPS, WARMUP_STUDY, deepnorm_update_bounded, post_gradient_vanishes,
+from .mechanism import (EARLY_STEPS, SIZE_STUDY, WARMUP_STUDY, deepnorm_update_bounded, post_gradient_vanishes,
                         post_ln_inputs_grow, post_update_explodes, post_update_then_stops, pre_bottom_gradients_larger,
                         warmup_matters_more_for_post)
 from .runs import outcomes
@@ -256,7 +256,7 @@ CLAIMS = [
           "depth.", "paper_depth_sweep_encdec", "as for the decoder", post_unstable_with_depth("paper_depth_sweep_encdec")),
     Claim("... and DeepNorm trains at every depth (encoder-decoder).", "paper_depth_sweep_encdec",
           "every DeepNorm run trains", deepnorm_trains_everywhere("paper_depth_sweep_encdec")),
-    Claim("Post-LN's model update ||F(x,θt) − F(x,θ0)|| explodes in the first steps (figures 4-5).", "model_update",
+    Claim("Post-LN's model update ||F(x,θt) − F(x,θ0)|| explodes in the first steps (figures 4-5).", SIZE_STUDY,
           "where the learning rate reaches its peak, Post-LN's model update over DeepNorm's exceeds 1 at the "
           "deepest depth of the paper's range (6-100) and is larger there than at the shallowest (not testable "
           "where DeepNorm's is saturated, over 0.8 sqrt(2 d): as far as unrelated outputs lie apart)",
@@ -265,9 +265,10 @@ CLAIMS = [
           "Post-LN's per-step change in the warm-up's length of steps after the peak, over that in the first tenth "
           "of the warm-up, is below DeepNorm's same ratio at the deepest paper-range depth, and further below it "
           "than at the shallowest (the warm-up and the decay act on both)", post_update_then_stops),
-    Claim("DeepNorm's model update stays bounded whatever the depth.", "model_update",
+    Claim("DeepNorm's model update stays bounded whatever the depth.", SIZE_STUDY,
           "where the learning rate reaches its peak, DeepNorm's model update at the deepest paper-range depth "
-          "exceeds that at the shallowest by no more than the seeds' spread", deepnorm_update_bounded),
+          "exceeds that at the shallowest by no more than the seeds' spread (not testable where it does not and "
+          "either is saturated)", deepnorm_update_bounded),
     Claim("Post-LN's LayerNorm inputs grow beyond sqrt(d), shrinking the gradient through the LN (figure 3).",
           "model_update", "near the peak learning rate, Post-LN's mean LN input (in units of sqrt(d)) exceeds "
           "DeepNorm's (in units of alpha sqrt(d)) at the deepest paper-range depth, and is larger there than at "

@@ -54,6 +54,9 @@ STUDIES = [
     Study("model_update", "Model update, LayerNorm inputs and per-layer gradients (the paper's figures 3-5)",
           "The first 200 steps (warm-up 100) at depths 6 to 100, the paper's range, two seeds, lr 1e-3, every scalar "
           "every step, per-layer vectors every 10."),
+    Study("model_update_low_lr", "The model update at a tenth of the rate (the size claims' reading)",
+          "model_update's training at lr 1e-4: at 1e-3 every scheme's update reaches about sqrt(2 d) by the peak, as "
+          "far as unrelated outputs lie apart, and the claims about its size read this study instead."),
     Study("model_update_1000l", "The same at 1,000 layers (an extension, not judged)",
           "model_update's training at depth 1,000, one seed: shown beside the verdicts, never in them."),
     Study("warmup_contrast", "With and without warm-up (the paper's contrast)",
@@ -201,6 +204,10 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
         page.figure("budget_study", budget.budget_figure(runs, scalars),
                     "Eval loss against steps, a panel per depth, a line per scheme (dotted: the budgets).")
 
+    def low_rate(page: Page) -> None:
+        page.figure("model_update_low_lr", plots.model_update(evidence.scalars("model_update_low_lr")),
+                    "||F(x,θt) − F(x,θ0)|| at lr 1e-4, per scheme, one line per depth.")
+
     def thousand_layers(page: Page) -> None:
         page.figure("model_update_1000l", plots.model_update(evidence.scalars("model_update_1000l")),
                     "||F(x,θt) − F(x,θ0)|| at 1,000 layers, per scheme.")
@@ -221,7 +228,8 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             "paper_depth_sweep_encdec": depth_sweep("paper_depth_sweep_encdec"),
             "gpu_depth": depth_sweep("gpu_depth"),
             "frontier_depth": frontier, "model_update": model_update, "lr_study": learning_rates,
-            "budget_study": training_length, "model_update_1000l": thousand_layers, "warmup_contrast": warmup,
+            "budget_study": training_length, "model_update_low_lr": low_rate,
+            "model_update_1000l": thousand_layers, "warmup_contrast": warmup,
             "quickstart": one_seed_table("quickstart"), "zoo_depth_sweep": one_seed_table("zoo_depth_sweep")}
 
 
