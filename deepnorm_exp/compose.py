@@ -44,6 +44,11 @@ def compose(overrides: Iterable[str] = (), check: bool = True) -> DictConfig:
     return cfg
 
 
+def compose_with_hydra(overrides: Iterable[str] = ()) -> DictConfig:
+    """The same composition with its `hydra` node (launcher, sweeper, the groups chosen), unchecked."""
+    return _compose(list(overrides), hydra_config=True)
+
+
 def missing_option(e: MissingConfigException) -> ConfigError:
     missing = (e.missing_cfg_file or "").strip("/")
     group, _, option = missing.rpartition("/")

@@ -172,6 +172,61 @@ def plugin_sections(title: str, registry, prefix: str, common: Optional[type]) -
     return out
 
 
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value of a container, interpolations unresolved."""
+    if not isinstance(node, dict):
+        return {prefix.rstrip("."): node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(_leaves(value, f"{prefix}{key}."))
+    return out
+
+
+def _value(value: Any) -> str:
+    return default_text(dataclasses.field(default=value)) if not isinstance(value, str) else value
+
+
+def preset_purpose(name: str) -> str:
+    """The first sentence of the preset's own header comment (after `# @package`)."""
+    lines = []
+    for line in (GROUPS_DIR / "experiment" / f"{name}.yaml").read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# @package"):
+            lines.append(line.lstrip("#").strip())
+    text = " ".join(lines)
+    end = re.search(r"\.(\s+[A-Z(`]|$)", text)
+    return text[: end.start() + 1] if end else text
+
+
+def preset_rows() -> list[tuple[str, str, str, str]]:
+    """(preset, what it is for, what it sweeps, what it changes): each preset composed as the command line
+    composes it, and compared key by key with the composition without it, so the table says what the YAML does,
+    inherited presets included, and cannot drift from it."""
+    from omegaconf import OmegaConf
+
+    from .compose import compose_with_hydra
+
+    def parts(overrides: list[str]) -> tuple[dict, dict, dict]:
+        cfg = OmegaConf.to_container(compose_with_hydra(overrides), resolve=False)
+        hydra = cfg.pop("hydra")
+        return _leaves(cfg), hydra["runtime"]["choices"], hydra["sweeper"]
+
+    _, base_choices, _ = parts([])
+    rows = []
+    for name in group_options("experiment"):
+        keys, choices, sweeper = parts([f"experiment={name}"])
+        groups = [f"{g}={c}" for g, c in choices.items() if g != "experiment" and c != base_choices.get(g)]
+        base = parts(groups)[0]  # the keys the chosen group options set are theirs, not the preset's
+        changed = groups + [f"{k}={_value(v)}" for k, v in keys.items()
+                            if k != "experiment_name" and base.get(k) != v]
+        sweep = "; ".join(f"{k}: {v}" for k, v in (sweeper.get("params") or {}).items())
+        settings = {k: v for k, v in sweeper.items() if k not in ("_target_", "params", "max_batch_size")}
+        sweep += "".join(f"; {k}: {_value(v)}" for k, v in settings.items())
+        rows.append((f"`{name}`", preset_purpose(name), sweep or "one run", ", ".join(f"`{c}`" for c in changed)))
+    return rows
+
+
 def page() -> str:
     from .data import SOURCES
     from .schemes import SCHEMES
@@ -211,6 +266,11 @@ def page() -> str:
     parts += plugin_sections("data", SOURCES, "data", None)
     parts += ["## `tuned_lr`", inspect.getdoc(schema.TunedLrConfig) or "",
               keys_table(schema.TunedLrConfig, "tuned_lr.")]
+    parts += ["## Presets",
+              "`python -m deepnorm_exp -m experiment=<preset>`: each preset composed as that command composes it, "
+              "what it sweeps and every key it changes from the defaults above (the first sentence of its YAML's "
+              "comment says what it is for; the rest of that comment says why each choice).",
+              table(preset_rows(), ("preset", "what it is for", "sweeps", "changes"))]
     return "\n\n".join(parts) + "\n"
 
 

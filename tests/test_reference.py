@@ -92,3 +92,17 @@ def test_the_root_config_repeats_the_schemas_root_defaults():
     defaults = OmegaConf.to_container(OmegaConf.structured(schema.Config), resolve=False, throw_on_missing=False)
     plain = {k: v for k, v in defaults.items() if not isinstance(v, dict) and v != "???" and k != "tuned_lr"}
     assert {k: written.get(k, "<missing>") for k in plain} == plain
+
+
+def test_the_presets_table_says_what_each_preset_composes_to():
+    """Read from the composition, not the YAML's text: an inherited preset shows its parent's keys, and the
+    keys a chosen group option sets are that option's, not the preset's."""
+    rows = {name.strip("`"): (purpose, sweep, changes) for name, purpose, sweep, changes in reference.preset_rows()}
+    assert set(rows) == set(reference.group_options("experiment"))
+    purpose, sweep, changes = rows["model_update_low_lr"]
+    assert purpose.startswith("model_update at a tenth of its learning rate") and purpose.endswith(".")
+    assert sweep == "depth: 100,50,18,6; norm: post,pre,deepnorm; seed: 0,1"
+    assert "`train.lr=0.0001`" in changes and "`train.log_every=1`" in changes  # its own, and model_update's
+    assert "`logger=none`" in changes and "logger.backend" not in changes
+    assert rows["quickstart"][2] == ""  # the defaults are the quick start's training
+    assert "lr_max: 0.3" in rows["frontier_depth"][1]  # the sweeper's own settings
