@@ -63,8 +63,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+# The harness against a bare loop (about 25 minutes on 2 cores; docs/speed.md): each finished section's
+# printed lines go to benchmarks/results/<section>.txt, and the manual's bench blocks are rewritten from them.
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench
+	$(PY) -m benchmarks.records $(DOCS)/*.md
 
 clean-runs:
 	find runs -mindepth 1 -not -name .gitkeep -delete

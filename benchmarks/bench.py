@@ -19,6 +19,7 @@ do), after the first two steps. Each measurement runs in its own process so peak
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -472,6 +473,90 @@ def preflight_timing(root: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def decoder_section(b: "Bench") -> None:
+    for depth in (b.shallow, b.deep):
+        # Bare and harness alternate, `rounds` times each; each keeps its least disturbed round.
+        runs = {"bare": [], "harness": [], "harness_ckpt": []}
+        for _ in range(b.args.rounds):
+            runs["bare"].append(measure("bare", depth, b.args.steps, b.root))
+            runs["harness"].append(measure("harness", depth, b.args.steps, b.root))
+        runs["harness_ckpt"].append(measure("harness", depth, b.args.steps, b.root, checkpointing=True))
+        b.rows[depth] = {name: min(results, key=lambda r: r["median_step_s"]) for name, results in runs.items()}
+    print_decoder_table(b.rows)
+
+
+def encdec_section(b: "Bench") -> None:
+    layers = b.shallow  # 100L-100L against a 200-layer decoder
+    pair = {"encdec": [], "decoder": []}
+    for _ in range(b.args.rounds):
+        pair["encdec"].append(measure("harness", layers, b.args.steps, b.root, encdec=True))
+        pair["decoder"].append(measure("harness", 2 * layers, b.args.steps, b.root))
+    best = {name: min(results, key=lambda r: r["median_step_s"]) for name, results in pair.items()}
+    ratio = best["encdec"]["median_step_s"] / best["decoder"]["median_step_s"]
+    print(f"encoder-decoder {layers}L-{layers}L: {best['encdec']['median_step_s']:.3f} s/step, "
+          f"{ratio:.2f}x the {2 * layers}-layer decoder ({best['decoder']['median_step_s']:.3f} s/step); "
+          f"train MB {best['encdec']['train_mb']:.0f} vs {best['decoder']['train_mb']:.0f}")
+
+
+def startup_section(b: "Bench") -> None:
+    subprocess.run([sys.executable, "-m", "deepnorm_exp", "depth=1", "train.steps=1", "logger=none",
+                    f"paths.runs={b.root / 'warm'}", f"paths.cache={b.root / 'cache'}"], check=True,
+                   capture_output=True)  # build the data cache once
+    first = {logger: time_to_first_step(b.root, logger) for logger in ("none", "wandb")}
+    print(f"command to first step at depth 6: {first['none']:.2f} s (logger=none), "
+          f"{first['wandb']:.2f} s (logger=wandb, offline)")
+    check = preflight_timing(b.root)
+    print(f"pre-flight check of experiment=paper_depth_sweep ({check['jobs']} jobs): {check['check']:.2f} s "
+          f"after {check['imports']:.2f} s of imports; Hydra composing each job once: "
+          f"{check['hydra_compositions']:.2f} s ({check['hydra_compositions'] / check['check']:.1f}x the check)")
+
+
+def data_bench_section(b: "Bench") -> None:
+    from benchmarks.bench_data import data_section
+
+    step = b.rows[b.deep]["harness"] if b.deep in b.rows else measure("harness", b.deep, b.args.steps, b.root)
+    data_section(b.root, b.args.data_megabytes, step["median_step_s"] if b.deep == 1000 else None)
+
+
+def denormal_section(b: "Bench") -> None:
+    """Deep Post-LN's vanishing gradient computes with subnormal floats in its backward pass, which x86 CPUs
+    handle far slower than normal ones: Post-LN and Pre-LN at depth 200 with train.flush_denormal on and off."""
+    depth = 2 * b.shallow
+    print(f"subnormal floats (train.flush_denormal), depth {depth}; step s = median after 2 warm-up steps")
+    print(f"{'norm':>6} {'flushed s':>10} {'kept s':>8} {'kept/flushed':>13}")
+    for norm in ("post", "pre"):
+        t = {flush: min(measure("harness", depth, b.args.steps, b.root,
+                                overrides=[f"norm={norm}", f"train.flush_denormal={flush}"])["median_step_s"]
+                        for _ in range(b.args.rounds)) for flush in ("true", "false")}
+        print(f"{norm:>6} {t['true']:>10.3f} {t['false']:>8.3f} {t['false'] / t['true']:>13.2f}")
+
+
+class Bench:
+    """What the sections share: the arguments, a scratch root, the two depths, the decoder section's rows."""
+
+    def __init__(self, args: argparse.Namespace, root: Path):
+        self.args, self.root, self.rows = args, root, {}
+        self.deep, self.shallow = (100, 10) if args.quick else (1000, 100)
+
+
+# Each section, run in this order when asked for; each records what it printed (benchmarks/records.py).
+SECTIONS = {
+    "decoder": decoder_section,
+    "memory": lambda b: memory_section((b.shallow, b.deep), b.args.steps, b.root, b.rows),
+    "encdec": encdec_section,
+    "startup": startup_section,
+    "instrumentation": lambda b: instrumentation_section((b.shallow, b.deep), b.args.steps, b.args.rounds, b.root,
+                                                         direct_steps=102, direct_depth=b.shallow),
+    "data": data_bench_section,
+    "schemes": lambda b: schemes_section(b.shallow, b.args.steps, b.args.rounds, b.root),
+    "compile": lambda b: compile_section((b.shallow, b.deep), b.args.steps, b.root),
+    "threads": lambda b: threads_section(b.root, max(b.args.steps, 30)),
+    "denormal": denormal_section,
+    "gpu": lambda b: gpu_section(b.root, b.args.gpu_budget, Path(b.args.gpu_results) if b.args.gpu_results else None),
+}
+DEFAULT_SECTIONS = [name for name in SECTIONS if name != "gpu"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", choices=["bare", "harness"])
@@ -482,80 +567,42 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--encdec", action="store_true", help="child: the encoder-decoder model")
     parser.add_argument("--overrides", default="[]", help="child: JSON list of extra config overrides")
-    parser.add_argument("--sections", default="decoder,memory,encdec,startup,instrumentation,data,schemes,compile,threads",
+    parser.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
                         help="comma-separated: decoder (bare vs harness), memory (estimate vs measured), "
                              "gpu (the GPU path: one CUDA device; not in the default list), "
                              "compile (train.compile=true vs eager), threads (thread count and OpenMP "
                              "wait policy, alone and beside a busy process), "
                              "encdec (100L-100L vs 200L), startup, "
                              "instrumentation (metrics on vs off), data (text pipeline, bench_data.py), "
-                             "schemes (sigma_reparam, admin: their step-time overhead)")
+                             "schemes (sigma_reparam, admin: their step-time overhead), "
+                             "denormal (deep Post-LN with subnormal floats flushed and kept)")
     parser.add_argument("--data-megabytes", type=int, default=100, help="size of the data section's text file")
     parser.add_argument("--root", default="")
     parser.add_argument("--gpu-budget", type=float, default=540, help="gpu: seconds for the whole section")
     parser.add_argument("--gpu-results", default="", help="gpu: also append each result to this JSON-lines file")
     parser.add_argument("--quick", action="store_true", help="depths 10 and 100 instead of 100 and 1,000")
+    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results"),
+                        help="where each finished section's printed lines are kept (benchmarks/results/)")
     args = parser.parse_args()
     if args.child:
-        return child(args)
+        return child(args)  # a child imports only what it measures: no records, no pandas
+    from benchmarks.records import machine, recorded
 
-    deep, shallow = (100, 10) if args.quick else (1000, 100)
-    sections = set(args.sections.split(","))
+    asked = args.sections.split(",")
+    unknown = [name for name in asked if name not in SECTIONS]
+    if unknown:
+        parser.error(f"--sections {','.join(unknown)}: choose from {', '.join(SECTIONS)}")
+    # A quick run measures other depths: its figures are not the page's, so it keeps no record by default.
+    kept = parser.get_default("results")
+    results = Path(args.results) if not args.quick or args.results != kept else None
+    about = (f"d_model 64, 4 heads, seq 64, batch 8, {args.steps} steps, {args.rounds} alternating rounds, "
+             + machine(args.threads))
+    print(f"deepnorm_exp benchmark: {about}")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        print(f"deepnorm_exp benchmark: d_model 64, 4 heads, seq 64, batch 8, {args.steps} steps, "
-              f"{args.rounds} alternating rounds, {os.cpu_count()} CPU cores, torch threads {args.threads}")
-        rows = {}
-        if "decoder" in sections:
-            for depth in (shallow, deep):
-                # Bare and harness alternate, `rounds` times each; each keeps its least disturbed round.
-                runs = {"bare": [], "harness": [], "harness_ckpt": []}
-                for _ in range(args.rounds):
-                    runs["bare"].append(measure("bare", depth, args.steps, root))
-                    runs["harness"].append(measure("harness", depth, args.steps, root))
-                runs["harness_ckpt"].append(measure("harness", depth, args.steps, root, checkpointing=True))
-                rows[depth] = {name: min(results, key=lambda r: r["median_step_s"]) for name, results in runs.items()}
-            print_decoder_table(rows)
-        if "memory" in sections:
-            memory_section((shallow, deep), args.steps, root, rows)
-        if "encdec" in sections:
-            layers = shallow  # 100L-100L against a 200-layer decoder
-            pair = {"encdec": [], "decoder": []}
-            for _ in range(args.rounds):
-                pair["encdec"].append(measure("harness", layers, args.steps, root, encdec=True))
-                pair["decoder"].append(measure("harness", 2 * layers, args.steps, root))
-            best = {name: min(results, key=lambda r: r["median_step_s"]) for name, results in pair.items()}
-            ratio = best["encdec"]["median_step_s"] / best["decoder"]["median_step_s"]
-            print(f"encoder-decoder {layers}L-{layers}L: {best['encdec']['median_step_s']:.3f} s/step, "
-                  f"{ratio:.2f}x the {2 * layers}-layer decoder ({best['decoder']['median_step_s']:.3f} s/step); "
-                  f"train MB {best['encdec']['train_mb']:.0f} vs {best['decoder']['train_mb']:.0f}")
-        if "startup" in sections:
-            subprocess.run([sys.executable, "-m", "deepnorm_exp", "depth=1", "train.steps=1", "logger=none",
-                            f"paths.runs={root / 'warm'}", f"paths.cache={root / 'cache'}"], check=True,
-                           capture_output=True)  # build the data cache once
-            first = {logger: time_to_first_step(root, logger) for logger in ("none", "wandb")}
-            print(f"command to first step at depth 6: {first['none']:.2f} s (logger=none), "
-                  f"{first['wandb']:.2f} s (logger=wandb, offline)")
-            check = preflight_timing(root)
-            print(f"pre-flight check of experiment=paper_depth_sweep ({check['jobs']} jobs): {check['check']:.2f} s "
-                  f"after {check['imports']:.2f} s of imports; Hydra composing each job once: "
-                  f"{check['hydra_compositions']:.2f} s ({check['hydra_compositions'] / check['check']:.1f}x the check)")
-        if "instrumentation" in sections:
-            instrumentation_section((shallow, deep), args.steps, args.rounds, root,
-                                    direct_steps=102, direct_depth=shallow)
-        if "data" in sections:
-            from benchmarks.bench_data import data_section
-
-            step = rows[deep]["harness"] if deep in rows else measure("harness", deep, args.steps, root)
-            data_section(root, args.data_megabytes, step["median_step_s"] if deep == 1000 else None)
-        if "schemes" in sections:
-            schemes_section(shallow, args.steps, args.rounds, root)
-        if "compile" in sections:
-            compile_section((shallow, deep), args.steps, root)
-        if "threads" in sections:
-            threads_section(root, max(args.steps, 30))
-        if "gpu" in sections:
-            gpu_section(root, args.gpu_budget, Path(args.gpu_results) if args.gpu_results else None)
+        bench = Bench(args, Path(tmp))
+        for name in (n for n in SECTIONS if n in asked):
+            with (recorded(name, about, results) if results else contextlib.nullcontext()):
+                SECTIONS[name](bench)
 
 
 def print_decoder_table(rows: dict) -> None:

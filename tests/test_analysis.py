@@ -293,7 +293,10 @@ def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep
     assert re.search(r"\| `quickstart` \| `[^`]+` \| \d+ steps, warm-up \d+[^|]* \| \d+ (s|min \d\d s) elapsed; 13 runs, \d+ (s|min \d\d s) of run "
                      r"time; BasicLauncher \(with ", sections["Presets: commands and times"])
     text = readme.read_text()
-    assert "old table" not in text and "kept" in text and "old tally" not in text and "old times" not in text
+    assert "old table" not in text and "old tally" not in text and "old times" not in text
+    # the records hold every study the page shows, and no zoo: its block says so instead of keeping old figures
+    assert "kept" not in text and ("<!-- results:zoo -->\nNot run yet under the current defaults and protocol: "
+                                   "`python -m deepnorm_exp -m experiment=zoo_depth_sweep`.") in text
     assert "| `paper_depth_sweep_encdec` | `python -m deepnorm_exp -m experiment=paper_depth_sweep_encdec` |  | not run yet |" in text
     assert all(s["run_name"] in text for s in summaries)
     assert re.search(rf"Of the paper's {len(CLAIMS)} claims checked in \[docs/results.md\]", text)
@@ -306,7 +309,7 @@ def test_the_readme_zoo_block_is_the_zoo_sweeps_table_with_its_time_and_referenc
     root = tmp_path / "runs"
     shutil.copytree(sweep, root / "zoo_depth_sweep")
     blocks = generated_blocks(root)
-    assert "quickstart" not in blocks  # a study without runs leaves its block alone
+    assert blocks["quickstart"].startswith("Not run yet under the current defaults")  # no records of it here
     block = blocks["zoo"]
     summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
     assert block.startswith("**Measured** (`python -m deepnorm_exp -m experiment=zoo_depth_sweep`, 2 seeds; ")

@@ -5,8 +5,8 @@ one section per study (a preset of `conf/experiment/`), and the paper's claims j
 that has not run says so and gives its command. Nothing on the page is typed in: every number is read from
 the records by this module, and `--blocks README.md docs/*.md` rewrites the generated blocks of those files
 (between `<!-- results:NAME -->` and `<!-- /results:NAME -->`: the README's, the manual's) from the same
-records, leaving a block whose study has no runs, or (for a study's table) whose sweep has not finished, as it
-is.
+records. A block whose sweep has not finished is left as it is; one whose study has no records says so, once
+the records hold every other study the page shows (else the block is left as it is too).
 """
 
 from __future__ import annotations
@@ -420,6 +420,10 @@ def code_table(evidence: Evidence) -> pd.DataFrame:
 
 
 # -- the generated blocks of the README and the manual's pages -------------------------------------------------------------------
+BLOCK_STUDIES = {"quickstart": "quickstart", "frontier": "frontier_depth", "zoo": "zoo_depth_sweep",
+                 "lr_study": "lr_study"}  # a study's own block -> the study it shows
+
+
 def generated_blocks(root: Path, evidence: Optional[Evidence] = None, every_study: bool = True) -> dict[str, str]:
     """NAME -> the block's new text, for the studies that have runs: `quickstart`, `zoo` and `lr_study` (the
     tables and the time, once the sweep has finished), `frontier` (each cell's bracket and the law, once frontier.json is
@@ -453,6 +457,11 @@ def generated_blocks(root: Path, evidence: Optional[Evidence] = None, every_stud
                               + markdown_table(by_depth(lr_study.sensitivity_table(summary))))
     if not every_study:
         return blocks
+    for block, study in BLOCK_STUDIES.items():  # the records hold every study the page shows, and not this one
+        if block not in blocks and evidence.runs(study).empty:
+            blocks[block] = (f"Not run yet under the current defaults and protocol: `python -m deepnorm_exp -m "
+                             f"experiment={study}`. Figures from earlier protocols are in this page's git history; "
+                             "their records were not kept.")
     if any(not evidence.runs(study.name).empty for study in STUDIES):
         blocks["presets"] = times_table(evidence, root)
     verdicts = judge(evidence)
@@ -476,13 +485,13 @@ def loss_table_block(evidence: Evidence, root: Path, name: str) -> str:
             "the gap (`trained: false`).\n\n" + markdown_table(comparison_table(runs, untrained=True)))
 
 
-def update_blocks(path: Path, blocks: dict[str, str]) -> list[str]:
-    """Replace each `<!-- results:NAME -->...<!-- /results:NAME -->` block that `blocks` has; the names done."""
+def update_blocks(path: Path, blocks: dict[str, str], tag: str = "results") -> list[str]:
+    """Replace each `<!-- TAG:NAME -->...<!-- /TAG:NAME -->` block that `blocks` has; the names done."""
     old = text = path.read_text(encoding="utf-8")
     done = []
     for name, body in blocks.items():
         # `.*?` may be empty: a block added before its study has run holds nothing between its markers
-        pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(<!-- /results:{name} -->)", re.S)
+        pattern = re.compile(rf"(<!-- {tag}:{name} -->\n).*?(<!-- /{tag}:{name} -->)", re.S)
         text, n = pattern.subn(lambda m: m.group(1) + body + "\n" + m.group(2), text)
         if n:
             done.append(name)
