@@ -45,6 +45,17 @@ def test_the_page_blocks_are_rewritten_from_the_records_and_say_what_is_missing(
     assert "Not measured yet: `python -m benchmarks.bench --sections threads`." in text and "old" not in text
 
 
+def test_the_manual_shows_the_committed_records():
+    pages = sorted((REPO / "docs").glob("*.md"))
+    found = {name: page for page in pages for name in records.block_names(page)}
+    assert set(bench.SECTIONS) - {"gpu"} == set(found), "every CPU section has its block on a page"
+    for name, page in found.items():
+        text = page.read_text(encoding="utf-8")
+        assert f"<!-- bench:{name} -->\n{records.render(name)}\n<!-- /bench:{name} -->" in text, (
+            f"{page.name}'s {name} block is stale: python -m benchmarks.records docs/*.md")
+        assert (records.RESULTS / f"{name}.txt").is_file(), f"{name}: no record; make bench"
+
+
 def test_the_benchmark_children_import_no_more_than_they_measure():
     """The bare loop's memory baseline must not hold pandas or the analysis (records.py is imported by the
     parent only)."""

@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -353,6 +354,40 @@ def test_ctrl_c_checkpoints_records_interrupted_and_the_rerun_continues(tmp_path
     summary = records.read_json(run_dir / "summary.json")
     assert summary["status"] == "completed" and summary["resumed_from_step"] == 23
     assert [step for step, _ in losses(run_dir)] == list(range(1, 61))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has stopped; only its parent's wait is missing
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_joblib_sweep_reaches_its_workers_which_checkpoint_and_stop(tmp_path):
+    """`kill <sweep pid>` signals the launcher's process alone; joblib's workers, which train the runs, are
+    its children and would train on to the end of their runs. The sweep hands the signal on to them."""
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1", *TINY, "train.steps=100000",
+            "train.ckpt_every=0", "logger=none", f"paths.runs={tmp_path}"]
+    run = PausedRun(args, step=7, directory=tmp_path / "pause")
+    worker = None
+    try:
+        worker = run.wait_paused()
+        assert worker != run.proc.pid  # the run trains in a worker process
+        run.proc.send_signal(signal.SIGTERM)
+        run.proc.wait(timeout=60)  # the sweep's own process ends as SIGTERM's sender expects
+        run.resume()
+        deadline = time.monotonic() + 120
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(worker), "the worker trained on after the sweep was stopped"
+        summary = records.read_json(only_run_dir(tmp_path) / "summary.json")
+        assert summary["status"] == "interrupted" and summary["steps_completed"] == 7
+    finally:
+        if worker and alive(worker):
+            os.kill(worker, signal.SIGKILL)
+        run.__exit__()
 
 
 def wandb_service_pids(parent: int) -> list[int]:
