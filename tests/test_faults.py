@@ -368,7 +368,7 @@ def alive(pid: int) -> bool:
 def test_sigterm_to_a_joblib_sweep_reaches_its_workers_which_checkpoint_and_stop(tmp_path):
     """`kill <sweep pid>` signals the launcher's process alone; joblib's workers, which train the runs, are
     its children and would train on to the end of their runs. The sweep hands the signal on to them."""
-    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1", *TINY, "train.steps=100000",
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY, "train.steps=100000",
             "train.ckpt_every=0", "logger=none", f"paths.runs={tmp_path}"]
     run = PausedRun(args, step=7, directory=tmp_path / "pause")
     worker = None

@@ -1,8 +1,12 @@
-"""Hydra callbacks: the comparison table printed when a multirun ends, and the log of sweep invocations
-(`runs/<experiment>/sweeps.jsonl`) that the results page measures a preset's wall time from."""
+"""Hydra callbacks: the comparison table printed when a multirun ends, the log of sweep invocations
+(`runs/<experiment>/sweeps.jsonl`) that the results page measures a preset's wall time from, and a stop
+signal to a joblib sweep handed on to its workers."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -25,6 +29,48 @@ class ComparisonTable(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         root = experiment_dir(config)
         print(f"\n{root}\n{format_table(*load_summaries(root))}", flush=True)
+
+
+# The signals that stop a run at its next step boundary (lifecycle/preemption.py) but Ctrl-C: a terminal sends
+# SIGINT to the whole process group already, and a second one would stop the workers at once.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (Linux's /proc; none where it does not exist)."""
+    pids = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            pids += [int(p) for p in children.read_text().split()]
+        except OSError:  # the thread ended while being read
+            continue
+    return pids
+
+
+class StopReachesWorkers(Callback):
+    """A stop signal sent to a joblib sweep's own process (`kill <pid>`, a scheduler's SIGTERM) is handed on
+    to its workers, which train the runs: each checkpoints at its next step and records `interrupted`, and
+    re-running the command resumes them. Without it they would train on, orphaned, to the end of their runs.
+    The sweep's process then acts on the signal as it would have (by default, it ends). Other launchers are
+    left alone: the basic launcher trains in this process, and submitit's jobs have their own handlers."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        if "Joblib" not in _target(config.hydra.launcher):
+            return
+        for signum in STOP_SIGNALS:
+            previous = signal.getsignal(signum)
+            signal.signal(signum, lambda signum, frame, previous=previous: self._hand_on(signum, previous))
+
+    @staticmethod
+    def _hand_on(signum: int, previous) -> None:
+        for pid in child_pids(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        signal.signal(signum, previous)
+        if callable(previous):
+            previous(signum, None)
+        elif previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)
 
 
 class SweepLog(Callback):
