@@ -16,7 +16,6 @@ import datetime
 import io
 import os
 import re
-import subprocess
 import sys
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
@@ -27,7 +26,6 @@ from deepnorm_exp.records import atomic_path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 TAG = "bench"
-CODE = ("deepnorm_exp", "benchmarks", "conf", "hydra_plugins")  # what a measurement depends on
 
 
 class Tee(io.TextIOBase):
@@ -48,13 +46,12 @@ class Tee(io.TextIOBase):
 
 def commit() -> str:
     """The short commit, `+changes` where the measured code differs from it ("unknown" outside git)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    from deepnorm_exp.sweeps.hydra_callbacks import CODE_PATHS, code_version
+
+    version = code_version((*CODE_PATHS, "benchmarks", ":(exclude)benchmarks/results"))  # not its own records
+    if not version:
         return "unknown"
-    clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *CODE], cwd=REPO).returncode == 0
-    return head if clean else f"{head}+changes"
+    return version["commit"][:7] + ("+changes" if version["modified"] else "")
 
 
 def machine(threads: int) -> str:

@@ -104,10 +104,10 @@ CODE_ROOT = Path(__file__).resolve().parents[2]
 CODE_PATHS = ("deepnorm_exp", "conf", "hydra_plugins", "pyproject.toml")
 
 
-def code_version() -> dict:
-    """{"commit": the checkout's HEAD, "modified": whether the code's tracked files (the package, conf/, the
-    plugins) differ from it}, for the records to name the code that ran them; {} outside a git checkout (an
-    installed package) or without git."""
+def code_version(paths: tuple[str, ...] = CODE_PATHS) -> dict:
+    """{"commit": the checkout's HEAD, "modified": whether the code's tracked files (`paths`: the package,
+    conf/, the plugins) differ from it}, for the records to name the code that ran them; {} outside a git
+    checkout (an installed package) or without git."""
     import subprocess
 
     def git(*args: str) -> str:
@@ -115,7 +115,7 @@ def code_version() -> dict:
                               check=True).stdout.strip()
     try:
         commit = git("rev-parse", "--short=12", "HEAD")
-        modified = bool(git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS))
+        modified = bool(git("status", "--porcelain", "--untracked-files=no", "--", *paths))
     except (OSError, subprocess.SubprocessError):
         return {}
     return {"commit": commit, "modified": modified}
