@@ -18,6 +18,7 @@ from deepnorm_exp.metrics import BlockIndex, ParamBlocks, Probe, build_instrumen
 from deepnorm_exp.metrics.activations import ActivationStats
 from deepnorm_exp.metrics.gradients import LayerGradNorms
 from deepnorm_exp.metrics.model_update import ModelUpdate
+from deepnorm_exp.metrics.representation import RepresentationStats, kurtosis, token_cosine
 from deepnorm_exp.metrics.updates import ParameterUpdates
 from deepnorm_exp.models.layers import CrossAttention, SelfAttention
 from deepnorm_exp.lifecycle.run import run_experiment
@@ -217,6 +218,50 @@ def test_activation_stats_match_direct_computations():
     assert stats["out_norm"][0] == pytest.approx(float(out.norm(dim=-1).mean()), rel=1e-5)
 
 
+# --- representation: rank collapse, outliers, attention logits -----------------------------------------
+def test_representation_stats_match_a_block_by_block_forward_written_here():
+    """Each block's output recomputed by running the blocks in order (the model's own loop not used), and
+    each measure computed another way: pairwise cosines with F.cosine_similarity, kurtosis with numpy, the
+    attention logits from the fused q/k weights by einsum under the causal mask."""
+    model = tiny("norm=post", "depth=2").eval()
+    batch = lm_batch(n=2, seq=9)
+    stats = RepresentationStats(BlockIndex.of(model), Probe(batch, 2, CPU), every=1).measure(model)
+    with torch.no_grad():
+        x = model.embed(batch["tokens"][:, :-1])
+        position = 0
+        for layer in model.blocks:
+            for name in ("attn", "ffn"):
+                block = getattr(layer, name)
+                if name == "attn":
+                    q, k = (w.view(2, 8, 16) for w in block.sublayer.qkv.weight[:32].split(16))
+                    h = x  # Post-LN: the sublayer reads the residual stream itself
+                    bq, bk = block.sublayer.qkv.bias[:32].split(16)
+                    logits = torch.einsum("bqhe,bkhe->bhqk", (torch.einsum("bsd,hed->bshe", h, q) + bq.view(2, 8)),
+                                          (torch.einsum("bsd,hed->bshe", h, k) + bk.view(2, 8))) / math.sqrt(8)
+                    allowed = torch.ones(8, 8, dtype=torch.bool).tril()
+                    assert stats["attn_logit_max"][position] == pytest.approx(float(logits[..., allowed].abs().max()),
+                                                                              rel=1e-5)
+                else:
+                    assert np.isnan(stats["attn_logit_max"][position])
+                x = block(x)
+                cosines = [float(torch.nn.functional.cosine_similarity(x[b, i], x[b, j], dim=0))
+                           for b in range(2) for i in range(8) for j in range(8) if i != j]
+                assert stats["token_cosine"][position] == pytest.approx(np.mean(cosines), rel=1e-5)
+                values = x.numpy().astype(np.float64).ravel()
+                moment = ((values - values.mean()) ** 4).mean() / values.var() ** 2
+                assert stats["act_kurtosis"][position] == pytest.approx(moment, rel=1e-5)
+                assert stats["act_max"][position] == pytest.approx(float(np.abs(values).max()), rel=1e-6)
+                position += 1
+
+
+def test_token_cosine_reads_collapse_as_one_and_orthogonal_positions_as_zero():
+    same = torch.randn(1, 1, 6).expand(3, 5, 6)
+    assert token_cosine(same) == pytest.approx(1.0)
+    assert token_cosine(torch.eye(4).unsqueeze(0)) == pytest.approx(0.0, abs=1e-7)
+    assert math.isnan(token_cosine(torch.randn(2, 1, 6)))
+    assert kurtosis(torch.randn(200_000, generator=torch.Generator().manual_seed(0))) == pytest.approx(3.0, abs=0.05)
+
+
 # --- no effect on training, records on disk ----------------------------------------------------------
 def test_instruments_never_change_what_training_computes(tmp_path):
     """With dropout on (training draws random numbers), every metric on every step vs none: same losses."""
@@ -243,7 +288,8 @@ def test_layer_files_hold_every_block_at_every_measured_step(tmp_path):
     assert sorted(layers.step.unique()) == [0, 3, 6, 7]  # init, every 3 steps, and the last step
     assert len(layers) == 4 * blocks
     assert set(layers.columns) >= {"step", "stack", "layer", "sublayer", "position", "grad_norm",
-                                   "update_ratio", "ln_input_norm", "out_norm", "attn_entropy"}
+                                   "update_ratio", "ln_input_norm", "out_norm", "attn_entropy", "token_cosine",
+                                   "act_max", "act_kurtosis", "attn_logit_max"}
     at3 = layers[layers.step == 3]
     assert list(at3.position) == list(range(blocks))
     assert set(at3[at3["stack"] == "decoder"].sublayer) == {"attn", "cross", "ffn"}
@@ -261,7 +307,8 @@ def test_turning_metrics_off_installs_nothing():
     MetricsConfig = metrics_schema()
     off = MetricsConfig(update_norm=False, model_update=False, layer_every=0)
     assert build_instruments(off, 10, model, lm_batch(), CPU)[0] == []
-    only_grads = MetricsConfig(update_norm=False, model_update=False, activations=False, layer_updates=False)
+    only_grads = MetricsConfig(update_norm=False, model_update=False, activations=False, layer_updates=False,
+                               representation=False)
     assert [type(i).__name__ for i in build_instruments(only_grads, 10, model, lm_batch(), CPU)[0]] == \
         ["LayerGradNorms"]
 

@@ -26,12 +26,10 @@ def _merge(y: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2).reshape(batch, seq, heads * head_dim)
 
 
-def _attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(head_dim)) over the keys `mask` allows (True): what SDPA computes inside."""
+def _attention_logits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q k^T / sqrt(head_dim), -inf where `mask` forbids the key (False): what SDPA's softmax reads."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -math.inf)
-    return scores.softmax(-1)
+    return scores if mask is None else scores.masked_fill(~mask, -math.inf)
 
 
 class SelfAttention(nn.Module):
@@ -64,16 +62,20 @@ class SelfAttention(nn.Module):
                                            dropout_p=self.attention_dropout if self.training else 0.0)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
-    def attention_probs(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The softmax weights `forward` uses, (batch, heads, seq, seq), written out for instrumentation:
-        SDPA never materialises them."""
+    def attention_logits(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits `forward`'s softmax reads, (batch, heads, seq, seq), -inf at masked keys, written out
+        for instrumentation: SDPA never materialises them."""
         batch, seq, d = x.shape
         q, k, _ = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         mask = key_mask
         if self.causal:
             causal = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
             mask = causal if mask is None else mask & causal
-        return _attention_weights(q, k, mask)
+        return _attention_logits(q, k, mask)
+
+    def attention_probs(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The softmax weights `forward` uses, (batch, heads, seq, seq)."""
+        return self.attention_logits(x, key_mask).softmax(-1)
 
 
 class CrossAttention(nn.Module):
@@ -102,11 +104,16 @@ class CrossAttention(nn.Module):
                                            dropout_p=self.attention_dropout if self.training else 0.0)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
+    def attention_logits(self, x: torch.Tensor, memory: torch.Tensor,
+                         memory_mask: torch.Tensor | None) -> torch.Tensor:
+        """Logits over the encoder positions, (batch, heads, tgt_len, src_len), -inf at masked ones."""
+        q, k = _heads(self.q(x), self.n_heads), _heads(self.kv(memory)[..., :self.d_model], self.n_heads)
+        return _attention_logits(q, k, memory_mask)
+
     def attention_probs(self, x: torch.Tensor, memory: torch.Tensor,
                         memory_mask: torch.Tensor | None) -> torch.Tensor:
         """Softmax weights over the encoder positions, (batch, heads, tgt_len, src_len)."""
-        q, k = _heads(self.q(x), self.n_heads), _heads(self.kv(memory)[..., :self.d_model], self.n_heads)
-        return _attention_weights(q, k, memory_mask)
+        return self.attention_logits(x, memory, memory_mask).softmax(-1)
 
 
 class FeedForward(nn.Module):

@@ -1,0 +1,100 @@
+"""What the residual stream looks like after each block, and how large the attention logits grow: the
+field's instruments for rank collapse, outlier features and attention-logit growth, on the probe batch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..train.trainer import Callback, StepOutput, Trainer, is_due
+from . import Context, instrument
+from .blocks import BlockIndex
+from .probe import Probe
+
+MEASURES = ("token_cosine", "act_max", "act_kurtosis", "attn_logit_max")
+
+
+@dataclass
+class RepresentationConfig:
+    representation: bool = True  # per-layer token_cosine, act_max, act_kurtosis, attn_logit_max, on the probe batch
+
+
+def token_cosine(x: torch.Tensor) -> float:
+    """Mean cosine similarity between the vectors of different positions of one example, averaged over the
+    examples: 1 when every position carries the same direction (rank collapse: Dong et al. 2021, Noci et al.
+    2022), near 0 for unrelated directions. (batch, seq, d) -> a number; NaN for a single position."""
+    unit = nn.functional.normalize(x.detach().float(), dim=-1)
+    seq = unit.shape[1]
+    if seq < 2:
+        return math.nan
+    gram = unit @ unit.transpose(1, 2)  # (batch, seq, seq), ones on the diagonal
+    return float((gram.sum((1, 2)) - seq).mean() / (seq * (seq - 1)))
+
+
+def kurtosis(x: torch.Tensor) -> float:
+    """E[(x - mean)^4] / var^2 over every coordinate of every position: 3 for a Gaussian, large when a few
+    channels carry outliers (Bondarenko et al. 2023)."""
+    x = x.detach().double().flatten()
+    centred = x - x.mean()
+    return float(centred.pow(4).mean() / centred.pow(2).mean().square())
+
+
+class RepresentationStats(Callback):
+    """Every `every` steps, per residual block, on the probe batch (eval mode, no gradients), and once before
+    training (step 0):
+
+    * `token_cosine`: mean cosine similarity between positions of the block's output (`token_cosine`);
+    * `act_max`: the largest |coordinate| of the block's output; `act_kurtosis`: its kurtosis (`kurtosis`);
+    * `attn_logit_max`: the largest |q.k| / sqrt(d_head) over heads and allowed (query, key) pairs, the
+      logit growth QK-LayerNorm was introduced against (Dehghani et al. 2023, Wortsman et al. 2023); NaN for
+      FFN blocks.
+    """
+
+    def __init__(self, index: BlockIndex, probe: Probe, every: int):
+        self.index, self.probe, self.every = index, probe, every
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if trainer.step == 0:  # not again when resuming
+            trainer.layer_record.update(self.measure(trainer.routed))
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        if is_due(out.step, self.every, trainer.steps):
+            trainer.layer_record.update(self.measure(trainer.routed))
+
+    def measure(self, model: nn.Module) -> dict:
+        values = {name: [math.nan] * len(self.index) for name in MEASURES}
+        handles = []
+        for i, block in enumerate(self.index.blocks):
+            handles.append(block.register_forward_hook(self._block_hook(values, i)))
+            handles.append(block.sublayer.register_forward_hook(self._logit_hook(values, i), with_kwargs=True))
+        try:
+            self.probe.features(model)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return {name: torch.tensor(v, dtype=torch.float32).numpy() for name, v in values.items()}
+
+    @staticmethod
+    def _block_hook(values: dict, i: int):
+        def hook(module, args, output):
+            values["token_cosine"][i] = token_cosine(output)
+            values["act_max"][i] = float(output.detach().abs().max())
+            values["act_kurtosis"][i] = kurtosis(output)
+        return hook
+
+    @staticmethod
+    def _logit_hook(values: dict, i: int):
+        def hook(module, args, kwargs, output):
+            if hasattr(module, "attention_logits"):
+                logits = module.attention_logits(*args, **kwargs)
+                values["attn_logit_max"][i] = float(logits[logits.isfinite()].abs().max())
+        return hook
+
+
+@instrument("representation", RepresentationConfig, order=45)
+def build(cfg, context: Context) -> RepresentationStats | None:
+    every = context.layer_every(cfg.representation)
+    return RepresentationStats(context.index, context.probe, every) if every else None
