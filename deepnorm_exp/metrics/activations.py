@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ..train.trainer import Callback, StepOutput, Trainer, is_due
 from . import Context, instrument
-from .blocks import BlockIndex
-from .probe import Probe
+from .probe import PerBlockProbe
 
 
 @dataclass
@@ -24,7 +21,7 @@ def mean_token_norm(x: torch.Tensor) -> float:
     return float(x.detach().float().norm(dim=-1).mean())
 
 
-class ActivationStats(Callback):
+class ActivationStats(PerBlockProbe):
     """Every `every` steps, per residual block, on the probe batch (eval mode, no gradients):
 
     * `ln_input_norm`: norm of what enters the block's LayerNorm (Post-LN/DeepNorm: the residual sum
@@ -38,32 +35,16 @@ class ActivationStats(Callback):
     Hooks live only during the one probe forward, so other steps pay nothing.
     """
 
-    def __init__(self, index: BlockIndex, probe: Probe, every: int):
-        self.index, self.probe, self.every = index, probe, every
+    MEASURES = ("ln_input_norm", "out_norm", "attn_entropy")
 
-    def on_train_start(self, trainer: Trainer) -> None:
-        if trainer.step == 0:  # not again when resuming
-            trainer.layer_record.update(self.measure(trainer.routed))
-
-    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
-        if is_due(out.step, self.every, trainer.steps):
-            trainer.layer_record.update(self.measure(trainer.routed))
-
-    def measure(self, model: nn.Module) -> dict:
-        n = len(self.index)
-        values = {name: [math.nan] * n for name in ("ln_input_norm", "out_norm", "attn_entropy")}
+    def hooks(self, values: dict) -> list:
         handles = []
         for i, block in enumerate(self.index.blocks):
             norm = getattr(block, "norm", None)
             if isinstance(norm, nn.Module) and not isinstance(norm, nn.Identity):
                 handles.append(norm.register_forward_pre_hook(self._store(values["ln_input_norm"], i)))
             handles.append(block.sublayer.register_forward_hook(self._sublayer_hook(values, i), with_kwargs=True))
-        try:
-            self.probe.features(model)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return {name: torch.tensor(v, dtype=torch.float32).numpy() for name, v in values.items()}
+        return handles
 
     @staticmethod
     def _store(into: list, i: int):

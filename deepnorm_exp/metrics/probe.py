@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+
+from ..train.trainer import Callback, StepOutput, Trainer, is_due
 
 
 class Probe:
@@ -36,3 +40,36 @@ def rms_distance(a: torch.Tensor, b: torch.Tensor) -> float:
     A LayerNorm output has norm sqrt(d_model) per position, so this reads on that scale at any batch size.
     """
     return float((a - b).flatten(0, -2).norm(dim=-1).square().mean().sqrt())
+
+
+class PerBlockProbe(Callback):
+    """A per-layer measurement on the probe batch: every `every` steps and once before training (step 0,
+    not again when resuming), one probe forward with hooks that fill one value per residual block of each
+    name in `MEASURES` (NaN where a block has none). Hooks live only during that forward."""
+
+    MEASURES: tuple[str, ...] = ()
+
+    def __init__(self, index, probe: Probe, every: int):
+        self.index, self.probe, self.every = index, probe, every
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if trainer.step == 0:
+            trainer.layer_record.update(self.measure(trainer.routed))
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        if is_due(out.step, self.every, trainer.steps):
+            trainer.layer_record.update(self.measure(trainer.routed))
+
+    def hooks(self, values: dict[str, list[float]]) -> list:
+        """Register the forward hooks that fill `values[name][block]`; return their handles."""
+        raise NotImplementedError
+
+    def measure(self, model: nn.Module) -> dict:
+        values = {name: [math.nan] * len(self.index) for name in self.MEASURES}
+        handles = self.hooks(values)
+        try:
+            self.probe.features(model)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return {name: torch.tensor(v, dtype=torch.float32).numpy() for name, v in values.items()}

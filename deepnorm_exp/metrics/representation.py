@@ -9,10 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..train.trainer import Callback, StepOutput, Trainer, is_due
 from . import Context, instrument
-from .blocks import BlockIndex
-from .probe import Probe
+from .probe import PerBlockProbe
 
 MEASURES = ("token_cosine", "act_max", "act_kurtosis", "attn_logit_max")
 
@@ -42,7 +40,7 @@ def kurtosis(x: torch.Tensor) -> float:
     return float(centred.pow(4).mean() / centred.pow(2).mean().square())
 
 
-class RepresentationStats(Callback):
+class RepresentationStats(PerBlockProbe):
     """Every `every` steps, per residual block, on the probe batch (eval mode, no gradients), and once before
     training (step 0):
 
@@ -53,29 +51,14 @@ class RepresentationStats(Callback):
       FFN blocks.
     """
 
-    def __init__(self, index: BlockIndex, probe: Probe, every: int):
-        self.index, self.probe, self.every = index, probe, every
+    MEASURES = MEASURES
 
-    def on_train_start(self, trainer: Trainer) -> None:
-        if trainer.step == 0:  # not again when resuming
-            trainer.layer_record.update(self.measure(trainer.routed))
-
-    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
-        if is_due(out.step, self.every, trainer.steps):
-            trainer.layer_record.update(self.measure(trainer.routed))
-
-    def measure(self, model: nn.Module) -> dict:
-        values = {name: [math.nan] * len(self.index) for name in MEASURES}
+    def hooks(self, values: dict) -> list:
         handles = []
         for i, block in enumerate(self.index.blocks):
             handles.append(block.register_forward_hook(self._block_hook(values, i)))
             handles.append(block.sublayer.register_forward_hook(self._logit_hook(values, i), with_kwargs=True))
-        try:
-            self.probe.features(model)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return {name: torch.tensor(v, dtype=torch.float32).numpy() for name, v in values.items()}
+        return handles
 
     @staticmethod
     def _block_hook(values: dict, i: int):
