@@ -23,7 +23,7 @@ from deepnorm_exp.metrics.updates import ParameterUpdates
 from deepnorm_exp.models.layers import CrossAttention, SelfAttention
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.sinks.layers import load_layers
-from deepnorm_exp.train.trainer import Callback, Trainer
+from deepnorm_exp.train.trainer import Callback, StepOutput, Trainer
 
 from conftest import TINY
 
@@ -262,6 +262,69 @@ def test_token_cosine_reads_collapse_as_one_and_orthogonal_positions_as_zero():
     assert kurtosis(torch.randn(200_000, generator=torch.Generator().manual_seed(0))) == pytest.approx(3.0, abs=0.05)
 
 
+# --- loss spikes ------------------------------------------------------------------------------------------
+class FakeTrainer:
+    def __init__(self, steps):
+        self.steps, self.events, self.record = steps, [], {}
+
+
+def test_loss_spikes_are_the_steps_a_pandas_rolling_median_and_mad_flag():
+    """A noisy falling loss with three planted spikes and one non-finite step: the callback's spikes are the
+    steps pandas finds (median and MAD of the 20 finite losses before each step), and a resumed callback
+    (its state through a checkpoint's round trip) counts as the uninterrupted one."""
+    import pandas as pd
+
+    from deepnorm_exp.metrics.spikes import MAD_TO_SIGMA, LossSpikes
+
+    rng = np.random.default_rng(0)
+    losses = list(4 - np.linspace(0, 1, 200) + 0.02 * rng.standard_normal(200))
+    for step in (50, 120, 121):
+        losses[step] += 1.0
+    losses[80] = float("nan")
+    window, k = 20, 6.0
+    finite = pd.Series([loss for loss in losses if math.isfinite(loss)])
+    median = finite.rolling(window).median().shift(1)
+    mad = finite.rolling(window).apply(lambda w: np.median(np.abs(w - np.median(w)))).shift(1) * MAD_TO_SIGMA
+    finite_steps = [i + 1 for i, loss in enumerate(losses) if math.isfinite(loss)]
+    expected = [finite_steps[i] for i in finite.index if finite[i] > median[i] + k * mad[i]]
+    assert expected == [51, 121, 122]  # a median is robust to one spike in its window: both neighbours count
+
+    def run(steps, callback, trainer):
+        for step in steps:
+            callback.on_step_end(trainer, StepOutput(step=step, loss=losses[step - 1], grad_norm=1.0, lr=1e-3,
+                                                     tokens=1))
+    whole, trainer = LossSpikes(window, k, every=10), FakeTrainer(200)
+    run(range(1, 201), whole, trainer)
+    assert [e["step"] for e in trainer.events] == expected and trainer.record["loss_spikes"] == 3
+    first, resumed = LossSpikes(window, k, every=10), LossSpikes(window, k, every=10)
+    run(range(1, 101), first, FakeTrainer(200))
+    state = torch.load(_round_trip(first.state_dict()), weights_only=True)
+    resumed.load_state_dict(state)
+    rest = FakeTrainer(200)
+    run(range(101, 201), resumed, rest)
+    assert [e["step"] for e in rest.events] == [121, 122] and rest.record["loss_spikes"] == 3
+
+
+def _round_trip(state):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_a_flat_loss_has_no_spikes_and_the_keys_are_checked():
+    from deepnorm_exp.metrics.spikes import is_spike
+
+    assert is_spike(5.0, [1.0] * 10, 6.0)[0] is False  # zero deviation: no scale to be far on
+    MetricsConfig = metrics_schema()
+    with pytest.raises(ConfigError, match="spike_window"):
+        MetricsConfig(spike_window=2)
+    with pytest.raises(ConfigError, match="spike_k"):
+        MetricsConfig(spike_k=0.0)
+
+
 # --- no effect on training, records on disk ----------------------------------------------------------
 def test_instruments_never_change_what_training_computes(tmp_path):
     """With dropout on (training draws random numbers), every metric on every step vs none: same losses."""
@@ -305,10 +368,10 @@ def test_layer_files_hold_every_block_at_every_measured_step(tmp_path):
 def test_turning_metrics_off_installs_nothing():
     model = tiny("depth=2")
     MetricsConfig = metrics_schema()
-    off = MetricsConfig(update_norm=False, model_update=False, layer_every=0)
+    off = MetricsConfig(update_norm=False, model_update=False, layer_every=0, spikes=False)
     assert build_instruments(off, 10, model, lm_batch(), CPU)[0] == []
     only_grads = MetricsConfig(update_norm=False, model_update=False, activations=False, layer_updates=False,
-                               representation=False)
+                               representation=False, spikes=False)
     assert [type(i).__name__ for i in build_instruments(only_grads, 10, model, lm_batch(), CPU)[0]] == \
         ["LayerGradNorms"]
 

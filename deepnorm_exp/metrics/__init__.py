@@ -101,7 +101,13 @@ def metrics_schema() -> type:
             seen[f.name] = name
     # A dataclass takes its bases' fields from the last base to the first: the shared keys come first.
     bases = tuple(reversed([SharedConfig, *(i.Config for i in instruments_in_order())]))
-    schema = dataclasses.make_dataclass("MetricsConfig", [], bases=bases)
+
+    def __post_init__(self):  # every base's own checks: inheritance alone would run only the first one found
+        for base in bases:
+            if "__post_init__" in vars(base):
+                vars(base)["__post_init__"](self)
+
+    schema = dataclasses.make_dataclass("MetricsConfig", [], bases=bases, namespace={"__post_init__": __post_init__})
     schema.__doc__ = ("Instrumentation (deepnorm_exp/metrics/, one module an instrument): the keys they share, then "
                       "each instrument's. Scalars every train.log_every steps, per-layer vectors every layer_every.")
     return schema
