@@ -69,5 +69,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench
 	$(PY) -m benchmarks.records $(DOCS)/*.md
 
+# The raw run directories under runs/; each study's committed records (runs/<study>/published/) stay.
 clean-runs:
-	find runs -mindepth 1 -not -name .gitkeep -delete
+	find runs -mindepth 2 -maxdepth 2 -not -name published -exec rm -rf {} +
+	find runs -mindepth 1 -maxdepth 1 -type d -empty -delete

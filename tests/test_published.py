@@ -127,3 +127,17 @@ def test_the_committed_records_regenerate_the_results_page_and_the_readme_byte_f
     for name in studies:  # packing found nothing raw to pack: the records are the committed ones
         for path in published.published_dir(REPO / "runs" / name).iterdir():
             assert (published.published_dir(root / name) / path.name).read_bytes() == path.read_bytes()
+
+
+def test_clean_runs_deletes_raw_runs_and_keeps_the_published_records(tmp_path):
+    """`make clean-runs` once deleted everything under runs/, the committed records included."""
+    runs = tmp_path / "runs"
+    for path in ("study/published/runs.parquet", "study/sweeps.jsonl", "study/post-L6-s0/summary.json",
+                 "other/pre-L6-s0/summary.json", ".gitkeep"):
+        (runs / path).parent.mkdir(parents=True, exist_ok=True)
+        (runs / path).write_text("x")
+    proc = subprocess.run(["make", "-s", "-f", str(REPO / "Makefile"), "clean-runs"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(str(p.relative_to(runs)) for p in runs.rglob("*")) == [
+        ".gitkeep", "study", "study/published", "study/published/runs.parquet"]
