@@ -504,3 +504,15 @@ def test_the_warmup_table_shows_each_arm_and_how_its_runs_ended():
     post0 = table[(table.norm == "post") & (table.warmup == 0)].iloc[0]
     assert post0["step 10"] == pytest.approx(20.5) and post0["runs"] == "1/2 trained, 1 diverged"
     assert "step 11" not in table and "step 100" not in table  # only the steps shown that were recorded
+
+
+def test_the_page_says_its_scale_and_counts_what_failed_from_the_records():
+    from deepnorm_exp.analysis.results import setting_text
+
+    runs = pd.DataFrame([run("post", 6, 0, trained=False, **{"model.d_model": 64, "device": "cpu"}),
+                         run("post", 6, 1, status="diverged", trained=False, **{"model.d_model": 64, "device": "cpu"}),
+                         run("pre", 6, 0, **{"model.d_model": 512, "device": "cuda:0"})])
+    text = setting_text(evidence(runs_quickstart=runs))
+    assert text.startswith("**How to read it.** The 3 runs behind this page are small models (d_model 64, 512; "
+                           "cpu, cuda)")
+    assert "at least 10% of the gap" in text and "1 completed without training and 1 diverged" in text

@@ -26,7 +26,7 @@ from .tables import shared_value
 from .claims import NOT_RUN, Evidence, judge
 from .frontier_law import bracket_table, brackets_so_far
 from .timing import preset_time
-from ..lifecycle.summary import format_table
+from ..lifecycle.summary import TRAINED_FRACTION, format_table
 
 FIGURE_DIR = "results"  # beside results.md
 DPI = 72  # small files: the page is read on GitHub, the full-size figures are in report.html
@@ -337,7 +337,7 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
              "small), so each claim is judged at this scale, by the rule beside it "
              "(`deepnorm_exp/analysis/claims.py`). A study \"not run yet\" has not been run under the current "
              "defaults and protocol; earlier versions of this page (in git) showed runs at earlier ones, whose "
-             "records were not kept.")
+             "records were not kept.", setting_text(evidence))
     page.add("## The code that ran the studies", markdown_table(code_table(evidence), index=False))
     page.add("## The paper's claims", claims_table(evidence))
     page.add("## Presets: commands and times", "Elapsed: the sweeps' wall time on the machine that ran them (the "
@@ -401,6 +401,24 @@ def records_span(evidence: Evidence) -> str:
         return ""
     first, last = min(times)[:10], max(times)[:10]
     return f", made on {first}" if first == last else f", made from {first} to {last}"
+
+
+def setting_text(evidence: Evidence) -> str:
+    """The scale the verdicts are drawn at and what "trained" means, read from the records."""
+    runs = pd.concat([evidence.runs(s.name) for s in STUDIES if not evidence.runs(s.name).empty], ignore_index=True)
+    if runs.empty:
+        return "No study has records yet."
+    widths = sorted({int(w) for w in pd.to_numeric(config_by_run(runs, "model.d_model"), errors="coerce").dropna()})
+    devices = sorted(set(runs["device"].dropna().astype(str).str.split(":").str[0])) if "device" in runs else []
+    diverged = int((runs["status"] == "diverged").sum())
+    untrained = int(((runs["status"] == "completed") & ~runs["trained"].fillna(False).astype(bool)).sum())
+    return (f"**How to read it.** The {len(runs)} runs behind this page are small models (d_model "
+            f"{', '.join(map(str, widths))}; {', '.join(devices) or 'device not recorded'}) on the synthetic "
+            "language, whose optimal loss is known (docs/models-and-data.md). A run *trained* when it closed at "
+            f"least {TRAINED_FRACTION:.0%} of the gap from the unigram loss (token frequencies only) to that optimum; "
+            "a scheme that \"fails\" or is \"unstable\" here did not train or diverged: of these runs "
+            f"{untrained} completed without training and {diverged} diverged. Each study's width, depths, steps and "
+            "rate are in its preset (docs/configuration.md, Presets).")
 
 
 def code_table(evidence: Evidence) -> pd.DataFrame:
