@@ -516,3 +516,13 @@ def test_the_page_says_its_scale_and_counts_what_failed_from_the_records():
     assert text.startswith("**How to read it.** The 3 runs behind this page are small models (d_model 64, 512; "
                            "cpu, cuda)")
     assert "at least 10% of the gap" in text and "1 completed without training and 1 diverged" in text
+
+
+def test_the_code_table_says_whether_a_study_flushed_subnormals():
+    """A config stored before train.flush_denormal existed has no such column value: it did not flush."""
+    from deepnorm_exp.analysis.results import subnormals
+
+    new, old = run("post", 6, 0, **{"train.flush_denormal": True}), run("post", 6, 1)
+    assert subnormals(pd.DataFrame([new])) == "flushed"
+    assert subnormals(pd.DataFrame([old])) == "kept (before train.flush_denormal)"
+    assert subnormals(pd.DataFrame([new, old])) == "mixed"
