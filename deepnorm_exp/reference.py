@@ -257,9 +257,11 @@ def page() -> str:
     for name, cls in sections:
         doc = inspect.getdoc(cls)
         parts += [f"## `{name}`"] + ([doc] if doc and not doc.startswith(cls.__name__) else []) + [keys_table(cls, f"{name}.")]
+    shared = list(key_rows(SchemeConfig, "norm.", skip=("name",)))
     parts += ["## `norm`: every scheme",
-              "Keys each scheme has (`name` selects it through the group).",
-              keys_table(SchemeConfig, "norm.", skip=("name",)),
+              "Keys each scheme has (`name` selects it through the group)"
+              + (":" if shared else ": none beyond `name`; each scheme's own keys follow."),
+              *([keys_table(SchemeConfig, "norm.", skip=("name",))] if shared else []),
               "## `norm`: each scheme's own keys"]
     parts += plugin_sections("norm", SCHEMES, "norm", SchemeConfig)
     parts += ["## `data`: each source's keys"]
