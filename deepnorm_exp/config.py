@@ -69,6 +69,9 @@ class ModelConfig:
     activation_checkpointing: bool = False  # torch.utils.checkpoint per block: less memory, one more forward
     encoder_depth: Optional[int] = None  # encdec: layers of the encoder (null: depth); decoder-only: refused
     decoder_depth: Optional[int] = None  # layers of the decoder (null: depth)
+    # none | layernorm | rmsnorm: q and k normalised per head before their dot product (QK-norm: Dehghani et
+    # al. 2023, Wortsman et al. 2023), in every attention sublayer whatever the scheme
+    qk_norm: str = "none"
 
 
 @dataclass
@@ -205,6 +208,7 @@ if not OmegaConf.has_resolver("run_name_excludes"):
 
 CHOICES = {
     "model.positions": ("sinusoidal", "learned"),
+    "model.qk_norm": ("none", "layernorm", "rmsnorm"),
     "train.schedule": ("inverse_sqrt", "cosine", "constant"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "train.parallel": ("auto", "none", "ddp", "fsdp"),

@@ -73,3 +73,67 @@ def test_the_paper_1000_layer_preset_builds_its_3_7b_parameter_model():
         model = deepnorm_exp.build_model(cfg)
     assert len(model.encoder) == len(model.decoder) == 500
     assert count_params(model) == 3_678_339_072
+
+
+# --- model.qk_norm: a mitigation that composes with every scheme ------------------------------------------
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_qk_norm_makes_the_attention_logits_independent_of_the_q_and_k_weights_scale(kind):
+    """Scaling q's and k's weights and biases by 10 scales q k^T by 100 without QK-norm, and leaves it
+    alone with it (up to the norm's epsilon); self- and cross-attention alike."""
+    from deepnorm_exp.models.layers import CrossAttention, SelfAttention
+
+    torch.manual_seed(0)
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    for qk_norm in ("none", kind):
+        attention = SelfAttention(16, 2, qk_norm=qk_norm).eval()
+        cross = CrossAttention(16, 2, qk_norm=qk_norm).eval()
+        with torch.no_grad():
+            before = attention.attention_logits(x), cross.attention_logits(x, memory, None)
+            attention.qkv.weight[:32] *= 10
+            attention.qkv.bias[:32] *= 10
+            for weight, bias in ((cross.q.weight, cross.q.bias), (cross.kv.weight[:16], cross.kv.bias[:16])):
+                weight *= 10
+                bias *= 10
+            after = attention.attention_logits(x), cross.attention_logits(x, memory, None)
+        for b, a in zip(before, after):
+            finite = b.isfinite()
+            if qk_norm == "none":
+                torch.testing.assert_close(a[finite], 100 * b[finite], rtol=1e-4, atol=1e-4)
+            else:
+                torch.testing.assert_close(a[finite], b[finite], rtol=1e-3, atol=1e-3)
+        # and forward uses the same logits: its output against the softmax written out
+        probs = attention.attention_probs(x)
+        v = attention.qkv(x)[..., 32:].view(2, 5, 2, 8).transpose(1, 2)
+        by_hand = attention.out((probs @ v).transpose(1, 2).reshape(2, 5, 16))
+        torch.testing.assert_close(by_hand, attention(x), rtol=1e-5, atol=1e-5)
+
+
+def test_qk_norm_off_builds_the_same_model_and_a_bad_value_is_one_line():
+    from deepnorm_exp.errors import ConfigError
+
+    plain, named = tiny_model("depth=2"), tiny_model("depth=2", "model.qk_norm=none")
+    assert [k for k in plain.state_dict()] == [k for k in named.state_dict()]
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), named.state_dict().values()))
+    with pytest.raises(ConfigError, match="qk_norm.*choose one of: none, layernorm, rmsnorm"):
+        deepnorm_exp.compose(["model.qk_norm=l2"])
+
+
+@pytest.mark.parametrize("model", ["decoder", "encdec"])
+def test_qk_norm_composes_with_every_scheme(model):
+    """Every registered scheme builds with QK-norm, adds exactly two norms per attention sublayer, and takes
+    a finite training step."""
+    from deepnorm_exp.schemes import SCHEMES
+
+    for norm in SCHEMES.names():
+        overrides = [f"norm={norm}", "depth=2", f"model={model}", "model.qk_norm=rmsnorm"]
+        net = tiny_model(*overrides)
+        attentions = [m for m in net.modules() if hasattr(m, "q_norm")]
+        assert attentions and all(isinstance(m.q_norm, torch.nn.RMSNorm) for m in attentions), norm
+        extra = sum(p.numel() for m in attentions for p in (*m.q_norm.parameters(), *m.k_norm.parameters()))
+        plain = tiny_model(*overrides[:-1])
+        assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for p in plain.parameters()) + extra
+        batch = ({"tokens": torch.randint(3, 32, (2, 9))} if model == "decoder" else
+                 {"src": torch.randint(3, 32, (2, 6)), "tgt": torch.randint(3, 32, (2, 7))})
+        loss = net.loss(batch).loss
+        loss.backward()
+        assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None), norm

@@ -21,7 +21,7 @@ from .layers import Embeddings, FeedForward, SelfAttention, run_blocks
 class DecoderBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, scheme: NormScheme, layer: int):
         super().__init__()
-        self.attn = scheme.wrap(SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout), "decoder", layer)
+        self.attn = scheme.wrap(SelfAttention.of(cfg), "decoder", layer)
         self.ffn = scheme.wrap(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation_dropout), "decoder", layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

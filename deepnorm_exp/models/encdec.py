@@ -24,8 +24,7 @@ PAD, BOS, EOS = 0, 1, 2  # the special tokens every translation data source uses
 class EncoderBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, scheme: NormScheme, layer: int):
         super().__init__()
-        attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, causal=False)
-        self.attn = scheme.wrap(attn, "encoder", layer)
+        self.attn = scheme.wrap(SelfAttention.of(cfg, causal=False), "encoder", layer)
         self.ffn = scheme.wrap(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation_dropout), "encoder", layer)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
@@ -35,8 +34,8 @@ class EncoderBlock(nn.Module):
 class CrossDecoderBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, scheme: NormScheme, layer: int):
         super().__init__()
-        self.attn = scheme.wrap(SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout), "decoder", layer)
-        self.cross = scheme.wrap(CrossAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout), "decoder", layer)
+        self.attn = scheme.wrap(SelfAttention.of(cfg), "decoder", layer)
+        self.cross = scheme.wrap(CrossAttention.of(cfg), "decoder", layer)
         self.ffn = scheme.wrap(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation_dropout), "decoder", layer)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,16 @@ def _merge(y: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2).reshape(batch, seq, heads * head_dim)
 
 
+def qk_norms(kind: str, head_dim: int, eps: float) -> tuple[nn.Module, nn.Module]:
+    """The norms q and k pass through per head, before their dot product (`model.qk_norm`): one over each
+    head's head_dim coordinates, its gain shared by the heads, as ViT-22B normalises them; identities for
+    "none". They make the logits independent of the scale of the q and k weights."""
+    if kind == "none":
+        return nn.Identity(), nn.Identity()
+    make = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}[kind]
+    return make(head_dim, eps=eps), make(head_dim, eps=eps)
+
+
 def _attention_logits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q k^T / sqrt(head_dim), -inf where `mask` forbids the key (False): what SDPA's softmax reads."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -40,13 +50,19 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0,
-                 causal: bool = True):
+                 causal: bool = True, qk_norm: str = "none", eps: float = 1e-5):
         super().__init__()
         self.d_model, self.n_heads, self.attention_dropout, self.causal = d_model, n_heads, attention_dropout, causal
+        self.q_norm, self.k_norm = qk_norms(qk_norm, d_model // n_heads, eps)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.inner_width, self.inner_norm = d_model, nn.Identity()  # before `out`: a scheme may set a norm (Sub-LN)
         self.drop = nn.Dropout(dropout)
+
+    @classmethod
+    def of(cls, cfg, causal: bool = True) -> "SelfAttention":
+        """From the `model` section (ModelConfig)."""
+        return cls(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, causal, cfg.qk_norm, cfg.norm_eps)
 
     def projections(self):
         d = self.d_model
@@ -58,6 +74,7 @@ class SelfAttention(nn.Module):
         """`key_mask`: (batch, 1, 1, seq) bool, True where a key may be attended (non-causal use)."""
         batch, seq, d = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k = self.q_norm(q), self.k_norm(k)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=self.causal,
                                            dropout_p=self.attention_dropout if self.training else 0.0)
         return self.drop(self.out(self.inner_norm(_merge(y))))
@@ -67,6 +84,7 @@ class SelfAttention(nn.Module):
         for instrumentation: SDPA never materialises them."""
         batch, seq, d = x.shape
         q, k, _ = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k = self.q_norm(q), self.k_norm(k)
         mask = key_mask
         if self.causal:
             causal = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
@@ -81,14 +99,21 @@ class SelfAttention(nn.Module):
 class CrossAttention(nn.Module):
     """Decoder-to-encoder attention: queries from x, keys and values from the encoder's output."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0,
+                 qk_norm: str = "none", eps: float = 1e-5):
         super().__init__()
         self.d_model, self.n_heads, self.attention_dropout = d_model, n_heads, attention_dropout
+        self.q_norm, self.k_norm = qk_norms(qk_norm, d_model // n_heads, eps)
         self.q = nn.Linear(d_model, d_model)
         self.kv = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.inner_width, self.inner_norm = d_model, nn.Identity()
         self.drop = nn.Dropout(dropout)
+
+    @classmethod
+    def of(cls, cfg) -> "CrossAttention":
+        """From the `model` section (ModelConfig)."""
+        return cls(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, cfg.qk_norm, cfg.norm_eps)
 
     def projections(self):
         d = self.d_model
@@ -99,8 +124,9 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         k, v = self.kv(memory).chunk(2, dim=-1)
-        y = F.scaled_dot_product_attention(_heads(self.q(x), self.n_heads), _heads(k, self.n_heads),
-                                           _heads(v, self.n_heads), attn_mask=memory_mask,
+        y = F.scaled_dot_product_attention(self.q_norm(_heads(self.q(x), self.n_heads)),
+                                           self.k_norm(_heads(k, self.n_heads)), _heads(v, self.n_heads),
+                                           attn_mask=memory_mask,
                                            dropout_p=self.attention_dropout if self.training else 0.0)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
@@ -108,7 +134,7 @@ class CrossAttention(nn.Module):
                          memory_mask: torch.Tensor | None) -> torch.Tensor:
         """Logits over the encoder positions, (batch, heads, tgt_len, src_len), -inf at masked ones."""
         q, k = _heads(self.q(x), self.n_heads), _heads(self.kv(memory)[..., :self.d_model], self.n_heads)
-        return _attention_logits(q, k, memory_mask)
+        return _attention_logits(self.q_norm(q), self.k_norm(k), memory_mask)
 
     def attention_probs(self, x: torch.Tensor, memory: torch.Tensor,
                         memory_mask: torch.Tensor | None) -> torch.Tensor:
