@@ -254,6 +254,13 @@ def test_representation_stats_match_a_block_by_block_forward_written_here():
                 position += 1
 
 
+def test_representation_stats_of_a_model_whose_activations_overflow_are_nan_not_an_error():
+    """DeepNorm with alpha 1e30: the residual stream overflows, the logits are not finite."""
+    model = tiny("norm=deepnorm", "depth=2", "norm.alpha=1e30").eval()
+    stats = RepresentationStats(BlockIndex.of(model), Probe(lm_batch(n=2, seq=9), 2, CPU), every=1).measure(model)
+    assert np.isnan(stats["attn_logit_max"][2])  # the second layer's attention reads the overflowed stream
+
+
 def test_token_cosine_reads_collapse_as_one_and_orthogonal_positions_as_zero():
     same = torch.randn(1, 1, 6).expand(3, 5, 6)
     assert token_cosine(same) == pytest.approx(1.0)

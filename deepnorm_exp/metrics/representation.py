@@ -48,7 +48,7 @@ class RepresentationStats(PerBlockProbe):
     * `act_max`: the largest |coordinate| of the block's output; `act_kurtosis`: its kurtosis (`kurtosis`);
     * `attn_logit_max`: the largest |q.k| / sqrt(d_head) over heads and allowed (query, key) pairs, the
       logit growth QK-LayerNorm was introduced against (Dehghani et al. 2023, Wortsman et al. 2023); NaN for
-      FFN blocks.
+      FFN blocks, and where the logits are not finite (a diverged model).
     """
 
     MEASURES = MEASURES
@@ -73,7 +73,9 @@ class RepresentationStats(PerBlockProbe):
         def hook(module, args, kwargs, output):
             if hasattr(module, "attention_logits"):
                 logits = module.attention_logits(*args, **kwargs)
-                values["attn_logit_max"][i] = float(logits[logits.isfinite()].abs().max())
+                allowed = logits[logits.isfinite()]  # masked keys are -inf; NaN where the logits are not finite
+                finite = not logits.isnan().any() and allowed.numel()
+                values["attn_logit_max"][i] = float(allowed.abs().max()) if finite else math.nan
         return hook
 
 
