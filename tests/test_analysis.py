@@ -295,7 +295,7 @@ def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep
     text = readme.read_text()
     assert "old table" not in text and "old tally" not in text and "old times" not in text
     # the records hold every study the page shows, and no zoo: its block says so instead of keeping old figures
-    assert "kept" not in text and ("<!-- results:zoo -->\nNot run yet under the current defaults and protocol: "
+    assert "\nkept\n" not in text and ("<!-- results:zoo -->\nNot run yet under the current defaults and protocol: "
                                    "`python -m deepnorm_exp -m experiment=zoo_depth_sweep`.") in text
     assert "| `paper_depth_sweep_encdec` | `python -m deepnorm_exp -m experiment=paper_depth_sweep_encdec` |  | not run yet |" in text
     assert all(s["run_name"] in text for s in summaries)
