@@ -516,6 +516,7 @@ def test_the_page_says_its_scale_and_counts_what_failed_from_the_records():
     assert text.startswith("**How to read it.** The 3 runs behind this page are small models (d_model 64, 512; "
                            "cpu, cuda)")
     assert "at least 10% of the gap" in text and "1 completed without training and 1 diverged" in text
+    assert setting_text(evidence()) == "No study has records yet."
 
 
 def test_the_code_table_says_whether_a_study_flushed_subnormals():

@@ -405,9 +405,10 @@ def records_span(evidence: Evidence) -> str:
 
 def setting_text(evidence: Evidence) -> str:
     """The scale the verdicts are drawn at and what "trained" means, read from the records."""
-    runs = pd.concat([evidence.runs(s.name) for s in STUDIES if not evidence.runs(s.name).empty], ignore_index=True)
-    if runs.empty:
+    studies = [evidence.runs(s.name) for s in STUDIES if not evidence.runs(s.name).empty]
+    if not studies:
         return "No study has records yet."
+    runs = pd.concat(studies, ignore_index=True)
     widths = sorted({int(w) for w in pd.to_numeric(config_by_run(runs, "model.d_model"), errors="coerce").dropna()})
     devices = sorted(set(runs["device"].dropna().astype(str).str.split(":").str[0])) if "device" in runs else []
     diverged = int((runs["status"] == "diverged").sum())
