@@ -67,9 +67,14 @@ class PreemptionGuard:
         if callable(requeue) and self.signum != signal.SIGINT:
             requeue(submitit_signal(), None)
             return
-        handler = self.previous.get(self.signum, signal.SIG_DFL)
-        if callable(handler):
-            handler(self.signum, None)
-        elif handler == signal.SIG_DFL:
-            signal.signal(self.signum, signal.SIG_DFL)
-            os.kill(os.getpid(), self.signum)
+        act_as_before(self.signum, self.previous.get(self.signum, signal.SIG_DFL))
+
+
+def act_as_before(signum: int, handler) -> None:
+    """What `handler` (a signal's handler before ours) would have done with `signum`: call it, or for the
+    default action, take it (the process ends as its sender expects); an ignored signal stays ignored."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

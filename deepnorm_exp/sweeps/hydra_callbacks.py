@@ -14,6 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from .. import records
+from ..lifecycle.preemption import SIGNALS, act_as_before
 from ..lifecycle.summary import format_table, load_summaries
 
 SWEEP_LOG = "sweeps.jsonl"
@@ -33,7 +34,7 @@ class ComparisonTable(Callback):
 
 # The signals that stop a run at its next step boundary (lifecycle/preemption.py) but Ctrl-C: a terminal sends
 # SIGINT to the whole process group already, and a second one would stop the workers at once.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = tuple(s for s in SIGNALS if s != signal.SIGINT)
 
 
 def child_pids(pid: int) -> list[int]:
@@ -67,10 +68,7 @@ class StopReachesWorkers(Callback):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
         signal.signal(signum, previous)
-        if callable(previous):
-            previous(signum, None)
-        elif previous == signal.SIG_DFL:
-            os.kill(os.getpid(), signum)
+        act_as_before(signum, previous)
 
 
 class SweepLog(Callback):
