@@ -72,6 +72,10 @@ class ModelConfig:
     # none | layernorm | rmsnorm: q and k normalised per head before their dot product (QK-norm: Dehghani et
     # al. 2023, Wortsman et al. 2023), in every attention sublayer whatever the scheme
     qk_norm: str = "none"
+    # cap tanh(logit / cap) on every attention logit q.k / sqrt(d_head), before the softmax (Gemma 2: 50); null: off
+    attn_softcap: Optional[float] = None
+    # the same on the output logits (Gemma 2: 30); null: off
+    logit_softcap: Optional[float] = None
 
 
 @dataclass
@@ -97,6 +101,9 @@ class TrainConfig:
     adam_eps: float = 1e-8  # AdamW's epsilon
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (0: Adam)
     grad_clip: Optional[float] = None  # off: clipping hides the instability this harness measures
+    # z-loss: this times the mean over target tokens of (log Z)^2, log Z the logsumexp of the output logits,
+    # added to the loss that is backpropagated (never to the loss recorded); PaLM's 1e-4; 0: off
+    z_loss: float = 0.0
     eval_every: int = 100  # steps between held-out evaluations (and after the last step)
     log_every: int = 10  # steps between scalar records (and at the last step)
     ckpt_every: int = 100  # steps between checkpoints (0: none); a finished run deletes its checkpoint
@@ -220,7 +227,7 @@ POSITIVE_INTS = ("depth", "model.d_model", "model.n_heads", "model.d_ff", "model
                  "train.eval_every", "train.divergence.spike_patience", "train.loss_scale_window")
 POSITIVE_FLOATS = ("train.lr", "model.norm_eps", "train.adam_eps", "train.divergence.spike_factor",
                    "train.loss_scale_init", "train.min_loss_scale")
-NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "train.ckpt_every")
+NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "train.ckpt_every", "train.z_loss")
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -265,8 +272,8 @@ def validate(cfg: DictConfig) -> None:
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(key, value, "must be a positive finite number")
     for key in NON_NEGATIVE:
-        if _get(cfg, key) < 0:
-            raise ConfigError(key, _get(cfg, key), "must be >= 0")
+        if not (math.isfinite(_get(cfg, key)) and _get(cfg, key) >= 0):
+            raise ConfigError(key, _get(cfg, key), "must be a finite number >= 0")
     for key in ("model.encoder_depth", "model.decoder_depth"):
         if _get(cfg, key) is not None and _get(cfg, key) <= 0:
             raise ConfigError(key, _get(cfg, key), "must be a positive integer, or null for depth")
@@ -286,6 +293,10 @@ def validate(cfg: DictConfig) -> None:
     if micro is not None and (micro <= 0 or cfg.train.batch_size % micro):
         raise ConfigError("train.micro_batch_size", micro,
                           f"must be a positive divisor of train.batch_size={cfg.train.batch_size}, or null")
+    for key in ("model.attn_softcap", "model.logit_softcap"):
+        value = _get(cfg, key)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(key, value, "must be a positive finite number, or null for no capping")
     if cfg.train.grad_clip is not None and cfg.train.grad_clip <= 0:
         raise ConfigError("train.grad_clip", cfg.train.grad_clip, "must be > 0, or null for no clipping")
     if cfg.threads is not None and cfg.threads <= 0:

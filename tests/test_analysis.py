@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -151,15 +152,20 @@ def test_a_stopped_or_failed_run_is_left_out_of_the_tables_and_the_depth_figure_
 
 
 # -- a real tiny sweep --------------------------------------------------------------------------------
+def tiny_sweep(root: Path) -> list[str]:
+    """The command line of the fixture's sweep (12 runs), its grid last."""
+    return ["-m", *TINY, f"paths.runs={root}", "logger=none", "experiment_name=tiny", "metrics.layer_every=2",
+            "train.log_every=1", "norm=post,pre,deepnorm", "depth=2,6", "seed=0,1"]
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """post, pre, deepnorm x depth 2, 6 x seeds 0, 1 through the CLI, plus one run whose loss goes NaN at the
     sweep's learning rate (an absurd residual scale; so the curves and profiles, which plot one learning
     rate, include it): its records hold "nan", which the notebooks and the report must read."""
     root = tmp_path_factory.mktemp("analysis")
-    common = [*TINY, f"paths.runs={root}", "logger=none", "experiment_name=tiny", "metrics.layer_every=2",
-              "train.log_every=1"]
-    proc = run_cli("-m", *common, "norm=post,pre,deepnorm", "depth=2,6", "seed=0,1", timeout=600)
+    common = tiny_sweep(root)[1:-3]
+    proc = run_cli(*tiny_sweep(root), timeout=600)
     assert proc.returncode == 0, proc.stderr
     boom = run_cli(*common, "norm=deepnorm", "depth=6", "norm.alpha=1e30", "train.steps=12")
     assert boom.returncode == 0, boom.stderr
@@ -181,6 +187,50 @@ def test_load_runs_gives_a_row_per_run_with_summary_and_flattened_config(sweep):
     assert {"grad_norm", "ln_input_norm", "position", "norm", "depth"} <= set(layers)
     assert len(load_events(runs)) == 1
     assert len(deepnorm_exp.load_runs(sweep.parent)) == 13  # the runs root works too (.cache skipped)
+
+
+@pytest.mark.slow
+def test_a_study_restored_from_its_published_records_packs_the_same_and_its_sweep_trains_nothing_again(sweep, tmp_path):
+    """A checkout holds only what was committed: a sweep stopped in one session continues in the next from its
+    published records. restore -> pack gives the same bytes; a run that had not ended is not restored, and the
+    sweep's command then trains that one and skips every other."""
+    from deepnorm_exp.analysis import published
+
+    study = tmp_path / "runs" / "tiny"
+    shutil.copytree(sweep, study)
+    directory = published.pack(study)
+    files = {p.name: p.read_bytes() for p in directory.iterdir()}
+
+    def delete_raw_runs():
+        for run_dir in deepnorm_exp.load_runs(study)["run_dir"]:
+            shutil.rmtree(run_dir)
+        (study / published.SWEEP_LOG).unlink()
+
+    delete_raw_runs()
+    assert published.restore(study) == (13, 0)
+    assert published.restore(study) == (0, 0)  # what exists is left alone
+    published.pack(study)
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == files
+
+    victim = next(study.glob("post-L2-*s0")).name  # stopped before its end
+    summary = json.loads((study / victim / "summary.json").read_text())
+    (study / victim / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    published.pack(study)
+    delete_raw_runs()
+    assert published.restore(study) == (12, 1)
+    assert not (study / victim).exists() and (study / published.SWEEP_LOG).is_file()
+    with pytest.raises(published.PublishError, match="hold 13 runs and only 12"):
+        published.pack(study)  # until the sweep has trained it again
+
+    before = {p.parent.name: p.read_bytes() for p in study.glob("*/summary.json")}
+    proc = run_cli(*tiny_sweep(tmp_path / "runs"), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    after = {p.parent.name: p.read_bytes() for p in study.glob("*/summary.json")}
+    rewritten = {name for name in after if after[name] != before.get(name)}
+    assert rewritten == {victim}, rewritten  # only the run that had not ended was trained
+    assert json.loads(after[victim])["status"] == "completed"
+    published.pack(study)
+    assert len(published.load(study).table("runs")) == 13
 
 
 @pytest.mark.slow

@@ -53,6 +53,9 @@ def test_defaults_are_the_documented_ones():
     assert cfg.norm.name == "deepnorm" and cfg.norm.constants == "paper"
     assert list(cfg.train.betas) == [0.9, 0.98] and cfg.train.schedule == "inverse_sqrt"
     assert cfg.train.grad_clip is None and cfg.logger.mode == "offline"
+    # the mitigations are off unless asked for: every published result ran without them
+    assert cfg.train.z_loss == 0 and cfg.train.weight_decay == 0 and cfg.model.qk_norm == "none"
+    assert cfg.model.attn_softcap is None and cfg.model.logit_softcap is None
     assert Path(cfg.paths.runs) == CONF_DIR.parent / "runs"
 
 
@@ -67,6 +70,11 @@ BAD = [
     (["train.batch_size=-1"], "train.batch_size", "positive"),
     (["train.seq_len=0"], "train.seq_len", "positive"),
     (["train.lr=0"], "train.lr", "positive"),
+    (["train.z_loss=-1e-4"], "train.z_loss", ">= 0"),
+    (["train.z_loss=nan"], "train.z_loss", ">= 0"),
+    (["model.attn_softcap=0"], "model.attn_softcap", "positive finite number, or null"),
+    (["model.logit_softcap=-30"], "model.logit_softcap", "positive finite number, or null"),
+    (["model.logit_softcap=inf"], "model.logit_softcap", "positive finite number, or null"),
     (["train.lr=-1e-3"], "train.lr", "positive"),
     (["model.n_heads=5"], "model.n_heads", "divide model.d_model=64"),
     (["train.seq_len=512"], "train.seq_len", "model.max_seq_len=256"),

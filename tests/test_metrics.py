@@ -65,7 +65,7 @@ def hand_sgd_step(model, batch, lr):
     """theta_1 = theta_0 - lr * grad, computed with autograd.grad on a copy; returns (theta_1, grads)."""
     reference = copy.deepcopy(model).train()
     names, params = zip(*[(n, p) for n, p in reference.named_parameters()])
-    loss, _ = reference.loss(batch)
+    loss = reference.loss(batch).loss
     grads = torch.autograd.grad(loss, params)
     return reference, {n: (p - lr * g).detach() for n, p, g in zip(names, params, grads)}, dict(zip(names, grads))
 
@@ -137,7 +137,7 @@ def test_per_layer_grad_norms_equal_autograd_grad_per_block(kind):
         batch = lm_batch()
     index = BlockIndex.of(model)
     reference = copy.deepcopy(model).train()
-    loss, _ = reference.loss(batch)
+    loss = reference.loss(batch).loss
     ref_blocks = [block for _, _, _, block in reference.residual_blocks()]
     expected = []
     for block in ref_blocks:
@@ -170,6 +170,112 @@ def test_update_norms_of_an_sgd_step_are_lr_times_the_gradient():
         delta = math.sqrt(sum(float(((theta_1[n] - before[n]) ** 2).sum()) for n in block_names))
         norm = math.sqrt(sum(float((before[n] ** 2).sum()) for n in block_names))
         assert capture.layers[1]["update_ratio"][position] == pytest.approx(delta / norm, rel=1e-3)
+
+
+class KeepGrads(Callback):
+    """Copies of every gradient at each step, before the optimizer uses them."""
+
+    def __init__(self, model):
+        self.model, self.grads = model, []
+
+    def after_backward(self, trainer, out):
+        self.grads.append({n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None})
+
+
+@pytest.mark.parametrize("eps", [1e-8, 1e-3])
+def test_adam_state_is_m_hat_over_root_v_hat_from_the_gradients_by_hand(eps):
+    """Three Adam steps; the moments rebuilt here from the gradients each step saw (m = b1 m + (1 - b1) g,
+    v = b2 v + (1 - b2) g^2, bias-corrected) give each block's RMS of m_hat / (sqrt(v_hat) + eps) and share of
+    sqrt(v_hat) under eps. eps 1e-3 puts many coordinates under it."""
+    from deepnorm_exp.metrics.adam_state import AdamState
+
+    model = tiny("norm=post", "depth=3")
+    index = BlockIndex.of(model)
+    betas = (0.9, 0.98)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=betas, eps=eps)
+    keep, capture = KeepGrads(model), Capture()
+    batches = [lm_batch(seed=s) for s in range(3)]
+    trainer = Trainer(model=model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                      batches=iter(batches), steps=3, device=CPU,
+                      callbacks=[keep, AdamState(ParamBlocks(model, index), every=1), capture])
+    trainer.fit()
+    names = {p: n for n, p in model.named_parameters()}
+    m = {n: torch.zeros_like(g, dtype=torch.float64) for n, g in keep.grads[0].items()}
+    v = {n: torch.zeros_like(g, dtype=torch.float64) for n, g in keep.grads[0].items()}
+    for t, grads in enumerate(keep.grads, start=1):
+        for n, g in grads.items():
+            m[n] = betas[0] * m[n] + (1 - betas[0]) * g.double()
+            v[n] = betas[1] * v[n] + (1 - betas[1]) * g.double() ** 2
+        rms, below = [], []
+        for block in index.blocks:
+            us, roots = [], []
+            for p in block.parameters():
+                n = names[p]
+                root = (v[n] / (1 - betas[1] ** t)).sqrt()
+                us.append(((m[n] / (1 - betas[0] ** t)) / (root + eps)).flatten())
+                roots.append(root.flatten())
+            u, root = torch.cat(us), torch.cat(roots)
+            rms.append(float(u.square().mean().sqrt()))
+            below.append(float((root < eps).double().mean()))
+        np.testing.assert_allclose(capture.layers[t]["adam_update_rms"], rms, rtol=1e-4)
+        np.testing.assert_allclose(capture.layers[t]["adam_below_eps"], below, atol=1e-6)
+    # The FFN blocks (odd positions) have no coordinate whose gradient is exactly zero, so none is under
+    # eps 1e-8, and some are under 1e-3. (Attention blocks always have some: the k bias's gradient is exactly
+    # zero, softmax ignoring a shift shared by a query's logits.)
+    assert bool((capture.layers[3]["adam_below_eps"][1::2] > 0).all()) == (eps == 1e-3)
+    assert (capture.layers[3]["adam_below_eps"][0::2] > 0).all()
+
+
+def test_adam_state_records_nothing_under_sgd():
+    from deepnorm_exp.metrics.adam_state import AdamState
+
+    model = tiny("depth=2")
+    trainer, capture = sgd_trainer(model, lm_batch(), [AdamState(ParamBlocks(model, BlockIndex.of(model)), every=1)])
+    trainer.fit()
+    assert "adam_update_rms" not in capture.layers[1]
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encdec"])
+def test_weight_norms_are_each_blocks_weights_and_its_q_and_k_matrices(kind):
+    """At step 0 and after an SGD step: the L2 norm of each block's parameters, and of its q and k weight
+    matrices, read here from the fused projection by row ranges (self-attention: rows 0-d, d-2d of qkv;
+    cross-attention: q, and rows 0-d of kv); NaN for FFN blocks."""
+    from deepnorm_exp.metrics.weights import WeightNorms
+
+    overrides = ["norm=deepnorm", "depth=2"] + (["model=encdec"] if kind == "encdec" else [])
+    model = tiny(*overrides)
+    batch = lm_batch() if kind == "decoder" else {"src": torch.randint(3, 32, (2, 6)), "tgt": torch.randint(3, 32, (2, 5))}
+    index = BlockIndex.of(model)
+
+    class AtStart(Callback):
+        def on_train_start(self, trainer):
+            self.layers = dict(trainer.layer_record)
+
+    start = AtStart()
+    trainer, capture = sgd_trainer(model, batch, [WeightNorms(index, ParamBlocks(model, index), every=1), start])
+
+    def expected():
+        d = 16
+        out = {"param_norm": [], "wq_norm": [], "wk_norm": []}
+        for sub, block in zip(index.sublayers, index.blocks):
+            out["param_norm"].append(float(torch.cat([p.detach().flatten() for p in block.parameters()]).norm()))
+            layer = block.sublayer
+            if sub == "attn":
+                q, k = layer.qkv.weight[:d], layer.qkv.weight[d:2 * d]
+            elif sub == "cross":
+                q, k = layer.q.weight, layer.kv.weight[:d]
+            else:
+                q = k = torch.tensor(math.nan)
+            out["wq_norm"].append(float(q.detach().norm()))
+            out["wk_norm"].append(float(k.detach().norm()))
+        return out
+
+    before = expected()
+    trainer.fit()
+    for when, layers in ((before, start.layers), (expected(), capture.layers[1])):
+        for name, values in when.items():
+            np.testing.assert_allclose(layers[name], values, rtol=1e-5, err_msg=name)
+    assert before["param_norm"] != expected()["param_norm"]  # the step moved them: step 1 is not step 0 again
 
 
 # --- activations --------------------------------------------------------------------------------------
@@ -321,6 +427,30 @@ def _round_trip(state):
     return buffer
 
 
+@pytest.mark.parametrize("model", ["decoder", "encdec"])
+def test_log_z_is_the_logsumexp_of_the_logits_the_step_trained_on_padding_left_out(model):
+    from deepnorm_exp.metrics.output_logits import OutputLogZ
+    from deepnorm_exp.models.encdec import PAD
+
+    net = tiny("depth=2", f"model={model}")
+    if model == "decoder":
+        batch = lm_batch()
+        with torch.no_grad():  # the weights the step's forward saw
+            logits, kept = net(batch["tokens"][:, :-1]), torch.ones(3, 8, dtype=torch.bool)
+    else:
+        src, tgt = torch.randint(3, 32, (2, 6)), torch.randint(3, 32, (2, 7))
+        tgt[0, 4:] = PAD
+        batch = {"src": src, "tgt": tgt}
+        with torch.no_grad():
+            logits, kept = net(src, tgt[:, :-1]), tgt[:, 1:] != PAD
+    by_hand = torch.logsumexp(logits.double(), -1)[kept]  # float64, only the real targets
+    trainer, capture = sgd_trainer(net, batch, [OutputLogZ(every=1)])
+    trainer.fit()
+    assert capture.records[1]["log_z_mean"] == pytest.approx(float(by_hand.mean()), rel=1e-5)
+    assert capture.records[1]["log_z_abs_max"] == pytest.approx(float(by_hand.abs().max()), rel=1e-5)
+    assert kept.sum() < kept.numel() or model == "decoder"
+
+
 def test_a_flat_loss_has_no_spikes_and_the_keys_are_checked():
     from deepnorm_exp.metrics.spikes import is_spike
 
@@ -375,10 +505,11 @@ def test_layer_files_hold_every_block_at_every_measured_step(tmp_path):
 def test_turning_metrics_off_installs_nothing():
     model = tiny("depth=2")
     MetricsConfig = metrics_schema()
-    off = MetricsConfig(update_norm=False, model_update=False, layer_every=0, spikes=False)
+    off = MetricsConfig(update_norm=False, model_update=False, layer_every=0, spikes=False, log_z=False)
     assert build_instruments(off, 10, model, lm_batch(), CPU)[0] == []
     only_grads = MetricsConfig(update_norm=False, model_update=False, activations=False, layer_updates=False,
-                               representation=False, spikes=False)
+                               representation=False, spikes=False, log_z=False, adam_state=False,
+                               weight_norms=False)
     assert [type(i).__name__ for i in build_instruments(only_grads, 10, model, lm_batch(), CPU)[0]] == \
         ["LayerGradNorms"]
 

@@ -9,7 +9,13 @@ row per run, the two as JSON text), every run's scalar series (`scalars.parquet`
 and the command; `load` verifies it before reading a byte, so a damaged or edited file is named, never read.
 `Evidence` (claims.py) reads a study from here when the directory exists, and from the raw runs otherwise.
 
-    python -m deepnorm_exp.analysis.published runs/lr_study   # pack one study (make results packs them all)
+`restore` is pack's inverse, for a study longer than a session: a checkout holds only what was committed, so
+the records of a sweep stopped in one session are packed and committed, and the next session restores them
+as run directories, which the same sweep command then skips (a finished run is never trained again). Runs that
+had not ended are not restored: their checkpoints were never packed, so the sweep trains them from the start.
+
+    python -m deepnorm_exp.analysis.published runs/lr_study             # pack one study (make results packs them all)
+    python -m deepnorm_exp.analysis.published --restore runs/frontier_depth   # its run directories, back
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ from pathlib import Path
 from typing import Optional
 
 import pandas as pd
+from omegaconf import OmegaConf
 
 from .. import records
 from ..errors import HarnessError
 from ..sweeps.hydra_callbacks import SWEEP_LOG
-from .runs import load_events, load_layer_records, load_scalars, run_dirs, run_records, run_row
+from ..lifecycle.summary import FINAL, write_summary
+from ..sinks.layers import LayerFileSink
+from .runs import RUN_KEYS, load_events, load_layer_records, load_scalars, run_dirs, run_records, run_row
 from ..lifecycle.runlock import held_elsewhere
 
 PUBLISHED = "published"  # runs/<study>/published/
@@ -172,6 +181,56 @@ def commits(starts: list[dict], stated: Optional[str]) -> list[dict]:
     return out
 
 
+def restore(study_dir: Path) -> tuple[int, int]:
+    """Write the published runs of `study_dir` back as run directories (config.yaml, summary.json,
+    metrics.jsonl, events.jsonl, layers/), and the sweep's own files beside them, so that `pack` gives the
+    same records again and the sweep skips what has ended. A run directory that exists is left alone.
+    Returns (runs restored, runs left to train again: those that had not ended)."""
+    study_dir = Path(study_dir)
+    packed = load(study_dir)
+    if packed is None:
+        raise PublishError(f"{study_dir}: no published records to restore ({published_dir(study_dir)} is missing)")
+    for name in SWEEP_FILES:
+        if (packed.directory / name).is_file() and not (study_dir / name).exists():
+            shutil.copyfile(packed.directory / name, study_dir / name)
+    per_run = {name: dict(tuple(packed.table(name).groupby("run_name", sort=False)))
+               if "run_name" in packed.table(name) else {} for name in ("scalars", "events", "layers")}
+    # a key no run ever gave a value (an event's "last_healthy": null) was written by the runs that had rows
+    empty_everywhere = {name: {c for c in packed.table(name) if packed.table(name)[c].isna().all()}
+                        for name in ("scalars", "events")}
+    restored = left = 0
+    for row in packed.table("runs").itertuples():
+        summary, run_dir = records.loads(row.summary), study_dir / row.run_name
+        if summary.get("status") not in FINAL:
+            left += 1
+            continue
+        if run_dir.exists():
+            continue
+        run_dir.mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create(records.loads(row.config)), run_dir / "config.yaml")
+        for name, file in (("scalars", "metrics.jsonl"), ("events", "events.jsonl")):
+            if row.run_name in per_run[name]:
+                lines = _records_of(per_run[name][row.run_name], empty_everywhere[name])
+                (run_dir / file).write_text("".join(records.dumps(line) + "\n" for line in lines), encoding="utf-8")
+        layers = per_run["layers"].get(row.run_name)
+        if layers is not None:
+            sink = LayerFileSink(run_dir / "layers")
+            for step, table in layers.groupby("step", sort=True):
+                columns = table.drop(columns="step").dropna(axis=1, how="all").drop(columns=list(RUN_KEYS), errors="ignore")
+                sink.log_layers(int(step), {key: columns[key].to_numpy() for key in columns})
+        write_summary(run_dir / "summary.json", summary)  # last: a run directory with a summary is whole
+        restored += 1
+    return restored, left
+
+
+def _records_of(frame: pd.DataFrame, empty_everywhere: set) -> list[dict]:
+    """The lines of one run's JSON-lines file, as the loader reads them back: its keys with a value in some
+    line (not the columns only other runs had, nor the run keys the loader added), and the keys that have no
+    value in any run; a NaN it wrote kept as "nan"."""
+    own = [c for c in frame if c not in RUN_KEYS and (c in empty_everywhere or frame[c].notna().any())]
+    return frame[own].to_dict("records")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="deepnorm_exp.analysis.published", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,9 +238,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--allow-fewer", action="store_true",
                         help="replace published records with fewer runs than they hold")
     parser.add_argument("--commit", help="the code commit of invocations whose sweep log line records none")
+    parser.add_argument("--restore", action="store_true",
+                        help="write the published runs back as run directories (a study continued in a new checkout)")
     args = parser.parse_args(argv)
     for study in args.studies:
         try:
+            if args.restore:
+                restored, left = restore(Path(study))
+                print(f"{study}: restored {restored} runs" + (f"; {left} had not ended and train again from the start "
+                                                              "when the sweep runs" if left else ""))
+                continue
             directory = pack(Path(study), args.allow_fewer, args.commit)
         except PublishError as e:
             parser.exit(2, f"{parser.prog}: error: {e}\n")

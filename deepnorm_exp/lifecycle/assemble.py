@@ -93,7 +93,8 @@ def assemble(parts: RunParts, cfg: DictConfig, runtime: Runtime, scheme: NormSch
         scheduler=build_scheduler(optimizer, cfg.train), steps=cfg.train.steps,
         batches=RandomBatches(data.train, cfg.train.batch_size, cfg.seed, runtime.rank, runtime.world_size),
         micro_batch_size=cfg.train.micro_batch_size,
-        device=device, autocast_dtype=dtype, grad_clip=cfg.train.grad_clip, scaler=loss_scaler(cfg.train, device),
+        device=device, autocast_dtype=dtype, grad_clip=cfg.train.grad_clip, z_loss=cfg.train.z_loss,
+        scaler=loss_scaler(cfg.train, device),
         # Gatherers first, then the divergence check (it keeps the last record), the bar, the flusher;
         # the checkpointer last, once every other callback's state is final for the step.
         callbacks=[parts.metrics, parts.throughput, parts.evaluation, *instruments, parts.divergence,

@@ -9,12 +9,11 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
 from ..schemes import NormScheme
-from . import LossOutput, register
+from . import LossOutput, next_token_loss, register
 from .layers import Embeddings, FeedForward, SelfAttention, run_blocks
 
 
@@ -59,9 +58,7 @@ class DecoderLM(nn.Module):
     def loss(self, batch: dict[str, torch.Tensor]) -> LossOutput:
         """Mean next-token cross-entropy of `batch["tokens"]`, (batch, seq + 1)."""
         tokens = batch["tokens"]
-        logits = self(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-        return LossOutput(loss, tokens[:, 1:].numel())
+        return next_token_loss(self(tokens[:, :-1]), tokens[:, 1:])
 
     def residual_blocks(self) -> Iterator[tuple[str, int, str, nn.Module]]:
         """(stack, layer, sublayer name, residual block) for every sublayer, bottom to top."""

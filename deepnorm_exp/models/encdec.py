@@ -10,12 +10,11 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
 from ..schemes import NormScheme
-from . import LossOutput, register
+from . import LossOutput, next_token_loss, register
 from .layers import CrossAttention, Embeddings, FeedForward, SelfAttention, run_blocks
 
 PAD, BOS, EOS = 0, 1, 2  # the special tokens every translation data source uses
@@ -88,10 +87,7 @@ class EncoderDecoder(nn.Module):
     def loss(self, batch: dict[str, torch.Tensor]) -> LossOutput:
         """Teacher-forced cross-entropy over the target tokens after BOS, padding ignored."""
         tgt = batch["tgt"]
-        logits = self(batch["src"], tgt[:, :-1])
-        targets = tgt[:, 1:]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=PAD)
-        return LossOutput(loss, int((targets != PAD).sum()))
+        return next_token_loss(self(batch["src"], tgt[:, :-1]), tgt[:, 1:], ignore_index=PAD)
 
     @torch.no_grad()
     def greedy_decode(self, src: torch.Tensor, max_len: int) -> torch.Tensor:

@@ -36,10 +36,32 @@ def qk_norms(kind: str, head_dim: int, eps: float) -> tuple[nn.Module, nn.Module
     return make(head_dim, eps=eps), make(head_dim, eps=eps)
 
 
-def _attention_logits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q k^T / sqrt(head_dim), -inf where `mask` forbids the key (False): what SDPA's softmax reads."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap tanh(x / cap): smooth, close to x where |x| << cap, never beyond +-cap (Gemma 2's logit
+    soft-capping); x itself for None."""
+    return x if cap is None else cap * torch.tanh(x / cap)
+
+
+def _attention_logits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
+                      cap: float | None = None) -> torch.Tensor:
+    """softcap(q k^T / sqrt(head_dim)), -inf where `mask` forbids the key (False): what the softmax reads."""
+    scores = softcap(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), cap)
     return scores if mask is None else scores.masked_fill(~mask, -math.inf)
+
+
+def _causal_mask(mask: torch.Tensor | None, seq: int, device: torch.device) -> torch.Tensor:
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+    return causal if mask is None else mask & causal
+
+
+def _attend(q, k, v, mask: torch.Tensor | None, causal: bool, dropout: float, cap: float | None) -> torch.Tensor:
+    """softmax(logits) v: SDPA's fused kernel, or written out where the logits are soft-capped (`cap`), a
+    transform SDPA cannot apply between its product and its softmax."""
+    if cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
+    if causal:
+        mask = _causal_mask(mask, q.shape[-2], q.device)
+    return F.dropout(_attention_logits(q, k, mask, cap).softmax(-1), dropout) @ v
 
 
 class SelfAttention(nn.Module):
@@ -50,9 +72,10 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0,
-                 causal: bool = True, qk_norm: str = "none", eps: float = 1e-5):
+                 causal: bool = True, qk_norm: str = "none", eps: float = 1e-5, softcap: float | None = None):
         super().__init__()
         self.d_model, self.n_heads, self.attention_dropout, self.causal = d_model, n_heads, attention_dropout, causal
+        self.softcap = softcap  # model.attn_softcap
         self.q_norm, self.k_norm = qk_norms(qk_norm, d_model // n_heads, eps)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
@@ -62,7 +85,8 @@ class SelfAttention(nn.Module):
     @classmethod
     def of(cls, cfg, causal: bool = True) -> "SelfAttention":
         """From the `model` section (ModelConfig)."""
-        return cls(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, causal, cfg.qk_norm, cfg.norm_eps)
+        return cls(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, causal, cfg.qk_norm, cfg.norm_eps,
+                   cfg.attn_softcap)
 
     def projections(self):
         d = self.d_model
@@ -74,9 +98,8 @@ class SelfAttention(nn.Module):
         """`key_mask`: (batch, 1, 1, seq) bool, True where a key may be attended (non-causal use)."""
         batch, seq, d = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        q, k = self.q_norm(q), self.k_norm(k)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=self.causal,
-                                           dropout_p=self.attention_dropout if self.training else 0.0)
+        y = _attend(self.q_norm(q), self.k_norm(k), v, key_mask, self.causal,
+                    self.attention_dropout if self.training else 0.0, self.softcap)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
     def attention_logits(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -84,12 +107,8 @@ class SelfAttention(nn.Module):
         for instrumentation: SDPA never materialises them."""
         batch, seq, d = x.shape
         q, k, _ = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        q, k = self.q_norm(q), self.k_norm(k)
-        mask = key_mask
-        if self.causal:
-            causal = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
-            mask = causal if mask is None else mask & causal
-        return _attention_logits(q, k, mask)
+        mask = _causal_mask(key_mask, seq, x.device) if self.causal else key_mask
+        return _attention_logits(self.q_norm(q), self.k_norm(k), mask, self.softcap)
 
     def attention_probs(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The softmax weights `forward` uses, (batch, heads, seq, seq)."""
@@ -100,9 +119,9 @@ class CrossAttention(nn.Module):
     """Decoder-to-encoder attention: queries from x, keys and values from the encoder's output."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0,
-                 qk_norm: str = "none", eps: float = 1e-5):
+                 qk_norm: str = "none", eps: float = 1e-5, softcap: float | None = None):
         super().__init__()
-        self.d_model, self.n_heads, self.attention_dropout = d_model, n_heads, attention_dropout
+        self.d_model, self.n_heads, self.attention_dropout, self.softcap = d_model, n_heads, attention_dropout, softcap
         self.q_norm, self.k_norm = qk_norms(qk_norm, d_model // n_heads, eps)
         self.q = nn.Linear(d_model, d_model)
         self.kv = nn.Linear(d_model, 2 * d_model)
@@ -113,7 +132,8 @@ class CrossAttention(nn.Module):
     @classmethod
     def of(cls, cfg) -> "CrossAttention":
         """From the `model` section (ModelConfig)."""
-        return cls(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, cfg.qk_norm, cfg.norm_eps)
+        return cls(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, cfg.qk_norm, cfg.norm_eps,
+                   cfg.attn_softcap)
 
     def projections(self):
         d = self.d_model
@@ -124,17 +144,16 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         k, v = self.kv(memory).chunk(2, dim=-1)
-        y = F.scaled_dot_product_attention(self.q_norm(_heads(self.q(x), self.n_heads)),
-                                           self.k_norm(_heads(k, self.n_heads)), _heads(v, self.n_heads),
-                                           attn_mask=memory_mask,
-                                           dropout_p=self.attention_dropout if self.training else 0.0)
+        y = _attend(self.q_norm(_heads(self.q(x), self.n_heads)), self.k_norm(_heads(k, self.n_heads)),
+                    _heads(v, self.n_heads), memory_mask, False, self.attention_dropout if self.training else 0.0,
+                    self.softcap)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
     def attention_logits(self, x: torch.Tensor, memory: torch.Tensor,
                          memory_mask: torch.Tensor | None) -> torch.Tensor:
         """Logits over the encoder positions, (batch, heads, tgt_len, src_len), -inf at masked ones."""
         q, k = _heads(self.q(x), self.n_heads), _heads(self.kv(memory)[..., :self.d_model], self.n_heads)
-        return _attention_logits(self.q_norm(q), self.k_norm(k), memory_mask)
+        return _attention_logits(self.q_norm(q), self.k_norm(k), memory_mask, self.softcap)
 
     def attention_probs(self, x: torch.Tensor, memory: torch.Tensor,
                         memory_mask: torch.Tensor | None) -> torch.Tensor:
@@ -186,6 +205,7 @@ class Embeddings(nn.Module):
         else:
             self.register_buffer("pos", sinusoidal_positions(cfg.max_seq_len, cfg.d_model), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
+        self.softcap = cfg.logit_softcap
         self.head = None
         if not cfg.tie_embeddings:
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -195,7 +215,8 @@ class Embeddings(nn.Module):
         return self.drop(self.token(tokens) * self.scale + self.pos[: tokens.shape[1]])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.head.weight if self.head is not None else self.token.weight)
+        """The output logits, soft-capped where `model.logit_softcap` says."""
+        return softcap(F.linear(hidden, self.head.weight if self.head is not None else self.token.weight), self.softcap)
 
 
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool, *args) -> torch.Tensor:

@@ -32,6 +32,7 @@ class StepOutput:
     seconds: float = 0.0  # wall time of the whole step, filled once the optimizer has stepped
     loss_scale: float | None = None  # fp16: the loss scale of this step's backward (None without a scaler)
     overflow: bool = False  # fp16: the gradients overflowed; the scaler skips the update and lowers the scale
+    log_z: torch.Tensor | None = None  # log Z of the output softmax at this rank's target tokens, detached
 
 
 def is_due(step: int, every: int, last_step: int) -> bool:
@@ -114,6 +115,7 @@ class Trainer:
     objective: nn.Module | None = None
     runtime: Runtime = field(default_factory=lambda: Runtime(torch.device("cpu")))
     micro_batch_size: int | None = None  # gradient accumulation: rows per forward (None: the whole batch)
+    z_loss: float = 0.0  # train.z_loss: the coefficient on mean (log Z)^2 added to what is backpropagated
     step: int = 0  # optimizer steps completed
     stop_reason: str | None = None
     # What callbacks gather for the current step; a flushing callback hands them to the sinks. Cleared
@@ -159,8 +161,14 @@ class Trainer:
             self._loop(params)
         self._emit("on_train_end")
 
-    def _forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[float, int, float | None]:
-        """Gradients of the step's loss in every parameter's .grad (unscaled); (loss, tokens, loss scale).
+    def _objective(self, out) -> torch.Tensor:
+        """What is backpropagated: the mean cross-entropy, plus z-loss where train.z_loss asks (PaLM's
+        auxiliary loss, which keeps log Z of the output softmax near 0)."""
+        return out.loss if not self.z_loss else out.loss + self.z_loss * out.log_z.square().mean()
+
+    def _forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[float, int, float | None, torch.Tensor]:
+        """Gradients of the step's loss in every parameter's .grad (unscaled); (loss, tokens, loss scale, log Z
+        at every target token, detached). The loss recorded is the cross-entropy alone, z-loss or not.
 
         The loss is the mean over every target token of the global batch, whatever the world size and the
         micro-batching: each forward's token-summed loss is backpropagated and the gradients divided by the
@@ -171,36 +179,40 @@ class Trainer:
         pieces = micro_batches(batch, self.micro_batch_size)
         if len(pieces) == 1 and not self.runtime.distributed:
             with autocast_context(self.device, self.autocast_dtype):
-                loss, tokens = self.objective(to_device(batch, self.device))
-            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+                out = self.objective(to_device(batch, self.device))
+            objective = self._objective(out)
+            (objective if self.scaler is None else self.scaler.scale(objective)).backward()
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)  # what every callback sees are the true gradients
-            return loss.item(), tokens, loss_scale
-        loss_sum, tokens = 0.0, 0
+            return out.loss.item(), out.tokens, loss_scale, out.log_z.detach()
+        loss_sum, tokens, log_z = 0.0, 0, []
         for i, piece in enumerate(pieces):
             with no_gradient_sync(self.objective, skip=i < len(pieces) - 1):
                 with autocast_context(self.device, self.autocast_dtype):
-                    loss, count = self.objective(to_device(piece, self.device))
-                summed = loss * count
-                (summed if self.scaler is None else self.scaler.scale(summed)).backward()
+                    out = self.objective(to_device(piece, self.device))
+                summed = out.loss * out.tokens
+                backpropagated = summed if not self.z_loss else self._objective(out) * out.tokens
+                (backpropagated if self.scaler is None else self.scaler.scale(backpropagated)).backward()
             loss_sum += summed.item()
-            tokens += count
+            tokens += out.tokens
+            log_z.append(out.log_z.detach())
         loss_sum, total = self.runtime.sum([loss_sum, tokens])
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         torch._foreach_mul_(grads, self.runtime.world_size / total)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        return loss_sum / total, int(total), loss_scale
+        return loss_sum / total, int(total), loss_scale, torch.cat(log_z)
 
     def _loop(self, params: list[torch.nn.Parameter]) -> None:
         while self.step < self.steps and self.stop_reason is None:
             started = time.perf_counter()
-            loss, tokens, loss_scale = self._forward_backward(next(self.batches))
+            loss, tokens, loss_scale, log_z = self._forward_backward(next(self.batches))
             # No list of the grads outlives this line: it would keep last step's gradients alive (a
             # parameter-sized copy of memory) after zero_grad, through the next backward.
             grad_norm = global_norm([p.grad for p in params if p.grad is not None])
             out = StepOutput(step=self.step + 1, loss=loss, grad_norm=grad_norm.item(),
-                             lr=self.optimizer.param_groups[0]["lr"], tokens=tokens, loss_scale=loss_scale)
+                             lr=self.optimizer.param_groups[0]["lr"], tokens=tokens, loss_scale=loss_scale,
+                             log_z=log_z)
             out.overflow = self.scaler is not None and not math.isfinite(out.grad_norm)
             self._emit("after_backward", out)
             self.agree_on_stop()
@@ -236,9 +248,9 @@ def evaluate(objective: nn.Module, tensors: dict[str, torch.Tensor], batch_size:
     total, count = 0.0, 0
     for batch in sequential_batches(tensors, batch_size):
         with autocast_context(device, autocast_dtype):
-            loss, tokens = objective(to_device(batch, device))
-        total += loss.item() * tokens
-        count += tokens
+            out = objective(to_device(batch, device))
+        total += out.loss.item() * out.tokens
+        count += out.tokens
     objective.train(was_training)
     reshard_root(objective)
     return total / count
