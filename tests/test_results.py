@@ -351,8 +351,9 @@ def test_divergence_timing_and_verdicts():
     assert claims.CLAIMS[0].judge(evidence(runs_lr_study=lr_sweep(3))).outcome == NOT_REPRODUCED
     # a sweep still running (or stopped): no verdict from its first runs, however they read
     running = claims.CLAIMS[0].judge(evidence(runs_lr_study=lr_sweep(1), finished_lr_study=False))
-    assert (running.outcome, running.numbers) == (UNFINISHED, f"{len(lr_sweep(1))} runs so far; `python -m deepnorm_exp "
-                                                  "-m experiment=lr_study` continues it")
+    assert (running.outcome, running.numbers) == (UNFINISHED, f"{len(lr_sweep(1))} runs so far; `python -m deepnorm_exp."
+                                                  "analysis.published --restore runs/lr_study`, then `python -m "
+                                                  "deepnorm_exp -m experiment=lr_study`, continues it")
 
 
 def test_preset_time_counts_each_invocation_to_its_end_or_its_last_finished_run(tmp_path):
@@ -474,7 +475,7 @@ def test_the_results_page_marks_a_study_whose_sweep_has_not_finished(tmp_path):
     page = build_results(tmp_path / "runs", tmp_path / "docs",
                          evidence(runs_quickstart=runs, finished_quickstart=False)).read_text()
     section = page[page.index("## Quick start"):].split("\n## ")[0]
-    assert "**The sweep has not finished** (4 runs so far; the same command continues it)" in section
+    assert "**The sweep has not finished** (4 runs so far; in a checkout without its run directories" in section
     assert "| post | 3.000 | 3.000 |" in section  # the partial table still shown
     finished = build_results(tmp_path / "runs", tmp_path / "docs", evidence(runs_quickstart=runs)).read_text()
     assert "has not finished**" not in finished

@@ -351,8 +351,10 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
             page.add("Not run yet.")
             continue
         if not evidence.finished(study.name):
-            page.add(f"**The sweep has not finished** ({len(evidence.runs(study.name))} runs so far; the same command "
-                     "continues it): what follows is partial, and the claims it tests wait for the rest.")
+            page.add(f"**The sweep has not finished** ({len(evidence.runs(study.name))} runs so far; in a checkout without "
+                     f"its run directories, `python -m deepnorm_exp.analysis.published --restore runs/{study.name}` "
+                     "writes them back, and the same command continues it): what follows is partial, and the claims "
+                     "it tests wait for the rest.")
         sections[study.name](page)
     path = out / "results.md"
     path.write_text("\n".join(page.lines).rstrip() + "\n", encoding="utf-8")
