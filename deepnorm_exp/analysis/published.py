@@ -197,7 +197,7 @@ def restore(study_dir: Path) -> tuple[int, int]:
                if "run_name" in packed.table(name) else {} for name in ("scalars", "events", "layers")}
     # a key no run ever gave a value (an event's "last_healthy": null) was written by the runs that had rows
     empty_everywhere = {name: {c for c in packed.table(name) if packed.table(name)[c].isna().all()}
-                        for name in ("scalars", "events")}
+                        for name in ("scalars", "events", "layers")}
     restored = left = 0
     for row in packed.table("runs").itertuples():
         summary, run_dir = records.loads(row.summary), study_dir / row.run_name
@@ -210,25 +210,25 @@ def restore(study_dir: Path) -> tuple[int, int]:
         OmegaConf.save(OmegaConf.create(records.loads(row.config)), run_dir / "config.yaml")
         for name, file in (("scalars", "metrics.jsonl"), ("events", "events.jsonl")):
             if row.run_name in per_run[name]:
-                lines = _records_of(per_run[name][row.run_name], empty_everywhere[name])
+                frame = per_run[name][row.run_name]
+                lines = frame[_own_columns(frame, empty_everywhere[name])].to_dict("records")
                 (run_dir / file).write_text("".join(records.dumps(line) + "\n" for line in lines), encoding="utf-8")
         layers = per_run["layers"].get(row.run_name)
         if layers is not None:
             sink = LayerFileSink(run_dir / "layers")
-            for step, table in layers.groupby("step", sort=True):
-                columns = table.drop(columns="step").dropna(axis=1, how="all").drop(columns=list(RUN_KEYS), errors="ignore")
-                sink.log_layers(int(step), {key: columns[key].to_numpy() for key in columns})
+            for step, table in layers.groupby("step", sort=True):  # one file a step, as the run wrote them
+                own = [c for c in _own_columns(table, empty_everywhere["layers"]) if c != "step"]
+                sink.log_layers(int(step), {key: table[key].to_numpy() for key in own})
         write_summary(run_dir / "summary.json", summary)  # last: a run directory with a summary is whole
         restored += 1
     return restored, left
 
 
-def _records_of(frame: pd.DataFrame, empty_everywhere: set) -> list[dict]:
-    """The lines of one run's JSON-lines file, as the loader reads them back: its keys with a value in some
-    line (not the columns only other runs had, nor the run keys the loader added), and the keys that have no
-    value in any run; a NaN it wrote kept as "nan"."""
-    own = [c for c in frame if c not in RUN_KEYS and (c in empty_everywhere or frame[c].notna().any())]
-    return frame[own].to_dict("records")
+def _own_columns(frame: pd.DataFrame, empty_everywhere: set) -> list[str]:
+    """The columns one run's file held, as the loader reads them back: those with a value somewhere in
+    `frame` (not the columns only other runs or other steps had, nor the run keys the loader added), and those
+    with no value anywhere in the table; a NaN it wrote is kept (as "nan" in JSON lines)."""
+    return [c for c in frame if c not in RUN_KEYS and (c in empty_everywhere or frame[c].notna().any())]
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -44,9 +44,7 @@ class AdamState(Callback):
     def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
         if not is_due(out.step, self.every, trainer.steps):
             return
-        n = len(self.blocks.params)
-        sums = torch.zeros(3, n, dtype=torch.float64)  # sum of u^2, coordinates, coordinates below eps
-        seen, mesh = False, None
+        rows, where, mesh = [], [], None  # per parameter: sum of u^2, coordinates, coordinates below eps
         for group in trainer.optimizer.param_groups:
             beta1, beta2 = group.get("betas", (None, None))
             for p in group["params"]:
@@ -58,16 +56,16 @@ class AdamState(Callback):
                 m, v = _local(state["exp_avg"]).float(), _local(state["exp_avg_sq"]).float()
                 root_v = (v / (1 - beta2 ** t)).sqrt()
                 u = (m / (1 - beta1 ** t)) / (root_v + group["eps"])
-                i = self.position[p]
-                sums[:, i] = torch.stack([u.double().square().sum(), torch.tensor(float(u.numel()), dtype=torch.float64),
-                                          (root_v < group["eps"]).sum().double()]).cpu()
-                seen = True
-        if not seen:
+                rows.append(torch.stack([u.double().square().sum(), torch.full((), u.numel(), dtype=torch.float64,
+                                         device=u.device), (root_v < group["eps"]).sum().double()]))
+                where.append(self.position[p])
+        if not rows:
             return
+        stacked = torch.stack(rows, dim=1)  # (3, parameters seen), still on the device: one transfer below
         if mesh is not None:  # every rank holds a shard of each parameter's state
-            sums = sums.to(trainer.device)
-            torch.distributed.all_reduce(sums, group=mesh.get_group())
-            sums = sums.cpu()
+            torch.distributed.all_reduce(stacked, group=mesh.get_group())
+        sums = torch.zeros(3, len(self.blocks.params), dtype=torch.float64)
+        sums[:, torch.tensor(where)] = stacked.cpu()
         per_block = torch.zeros(3, self.blocks.n_blocks, dtype=torch.float64)
         inside = self.blocks.block_of >= 0
         per_block.index_add_(1, self.blocks.block_of[inside], sums[:, inside])

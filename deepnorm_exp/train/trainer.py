@@ -190,10 +190,9 @@ class Trainer:
             with no_gradient_sync(self.objective, skip=i < len(pieces) - 1):
                 with autocast_context(self.device, self.autocast_dtype):
                     out = self.objective(to_device(piece, self.device))
-                summed = out.loss * out.tokens
-                backpropagated = summed if not self.z_loss else self._objective(out) * out.tokens
-                (backpropagated if self.scaler is None else self.scaler.scale(backpropagated)).backward()
-            loss_sum += summed.item()
+                summed = self._objective(out) * out.tokens
+                (summed if self.scaler is None else self.scaler.scale(summed)).backward()
+            loss_sum += (out.loss.detach() * out.tokens).item()
             tokens += out.tokens
             log_z.append(out.log_z.detach())
         loss_sum, total = self.runtime.sum([loss_sum, tokens])
