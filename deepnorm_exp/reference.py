@@ -35,6 +35,7 @@ GROUPS = {
     "metrics": "instrumentation; `off` keeps only the loop's own scalars",
     "logger": "W&B or none (the local records are always written)",
     "paths": "where records, caches and submitit's files go",
+    "mitigation": "one stability mitigation at its documented example (`none`: all off)",
     "tuned_lr": "a table of measured best rates that `train.lr: ${tuned_lr:}` reads",
     "experiment": "a preset (`# @package _global_`): may set anything",
     "hydra/launcher": "how a sweep's jobs run (Hydra's joblib and submitit plugins)",

@@ -32,6 +32,16 @@ def test_every_config_in_conf_composes_and_checks(override):
     assert cfg.model.vocab_size == cfg.data.vocab_size
 
 
+def test_the_mitigation_study_puts_each_mitigation_beside_none_for_every_scheme(tmp_path):
+    jobs = preflight(["-m", "experiment=mitigation_study", f"paths.runs={tmp_path}"])[0]
+    assert len(jobs) == 3 * 5 * 2 and len({str(job.run_dir) for job in jobs}) == 30
+    on = {(job.cfg.norm.name, job.cfg.model.qk_norm, job.cfg.train.z_loss, job.cfg.model.attn_softcap,
+           job.cfg.train.weight_decay) for job in jobs}
+    assert ("post", "none", 0.0, None, 0.0) in on and ("post", "layernorm", 0.0, None, 0.0) in on
+    assert ("deepnorm", "none", 1e-4, None, 0.0) in on and ("pre", "none", 0.0, 50.0, 0.0) in on
+    assert len(on) == 15 and all(job.cfg.depth == 48 for job in jobs)
+
+
 def test_quickstart_sweeps_three_norms_at_two_depths(tmp_path):
     # Its own runs root: the pre-flight claims each job's directory, and the repository's runs/ may hold a
     # quick start of another config (one made before train.flush_denormal existed is refused, as it should be).

@@ -196,3 +196,38 @@ def test_every_scheme_trains_a_few_steps_with_each_mitigation(model, mitigation)
         assert IN_PLACE[mitigation](net, trainer), (norm, mitigation)
         with torch.no_grad():
             assert all(math.isfinite(float(net.loss(b).loss)) for b in batches), (norm, mitigation)
+
+
+def test_the_mitigation_studys_table_labels_runs_from_their_config_and_applies_its_rule():
+    import pandas as pd
+
+    from deepnorm_exp.analysis.mitigations import mitigation_of, mitigation_table, verdict
+
+    def run(norm, seed, trained, **config):
+        keys = {"model.qk_norm": "none", "model.attn_softcap": None, "model.logit_softcap": None,
+                "train.z_loss": 0.0, "train.weight_decay": 0.0, **config}
+        return {"norm": norm, "depth": 48, "seed": seed, "status": "completed", "trained": trained,
+                "eval_loss": 3.0 + seed, "diagnosis.kind": "trained" if trained else "collapsed_at_init", **keys}
+
+    runs = pd.DataFrame([run("post", 0, False), run("post", 1, False),
+                         run("post", 0, True, **{"model.qk_norm": "layernorm"}),
+                         run("post", 1, False, **{"model.qk_norm": "layernorm"}),
+                         run("post", 0, False, **{"model.attn_softcap": 50.0, "model.logit_softcap": 30.0}),
+                         run("post", 1, False, **{"model.attn_softcap": 50.0, "model.logit_softcap": 30.0}),
+                         run("pre", 0, True), run("pre", 1, True),
+                         run("pre", 0, False, **{"train.z_loss": 1e-4}), run("pre", 1, True, **{"train.z_loss": 1e-4})])
+    assert list(mitigation_of(runs)) == ["none", "none", "qk_norm=layernorm", "qk_norm=layernorm",
+                                         "attn_softcap=50, logit_softcap=30", "attn_softcap=50, logit_softcap=30",
+                                         "none", "none", "z_loss=0.0001", "z_loss=0.0001"]
+    table = mitigation_table(runs).set_index(["norm", "mitigation"])
+    assert table.loc[("post", "qk_norm=layernorm"), "verdict"] == "lets it train"  # 1/2 with, 0/2 without
+    assert table.loc[("post", "qk_norm=layernorm"), "trained"] == "1/2"
+    assert table.loc[("post", "attn_softcap=50, logit_softcap=30"), "verdict"] == "no change in whether it trains"
+    assert table.loc[("pre", "z_loss=0.0001"), "verdict"] == "no change in whether it trains"  # 1/2 still trains
+    assert table.loc[("post", "none"), "diagnosis"] == "2 collapsed_at_init"
+    assert verdict(1.0, 0.0) == "stops it training" and verdict(None, 1.0).startswith("no run without")
+    # a run whose config.yaml was unreadable has no mitigation keys: unknown, and in neither side of a verdict
+    unread = pd.concat([runs, pd.DataFrame([{"norm": "post", "depth": 48, "seed": 2, "status": "completed",
+                                             "trained": True, "eval_loss": 3.0}])], ignore_index=True)
+    assert mitigation_of(unread).iloc[-1] == "unknown"
+    assert mitigation_table(unread).set_index(["norm", "mitigation"]).loc[("post", "none"), "trained"] == "0/2"

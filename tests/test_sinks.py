@@ -40,7 +40,7 @@ def test_offline_wandb_run_holds_the_logged_keys_grouping_and_config(tmp_path):
         assert f"layers/{metric}/decoder/heatmap/path" in run["history_keys"]
     # Per-layer vectors stay summaries: no key per layer.
     assert not any(key.split("/")[-1].isdigit() for key in run["history_keys"])
-    assert {"status", "eval_loss", "depth"} <= run["summary_keys"]
+    assert {"status", "eval_loss", "depth", "diagnosis_kind", "diagnosis_step", "diagnosis_evidence"} <= run["summary_keys"]
     assert list(offline.glob("files/media/images/layers/grad_norm/decoder/heatmap_*.png"))
 
 

@@ -14,14 +14,13 @@ The rules, fixed before the study's runs were made (conf/experiment/budget_study
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
+from ..lifecycle.diagnosis import CONVERGED_FALL, loss_fall
 from .tables import norm_depth_table
 from .plots import norms_in
 
 BUDGETS = (300, 1200, 4800)  # steps; the preset evaluates every 300, which holds each of them
-CONVERGED_FALL = 0.02  # of the unigram-to-optimal gap, over the last quarter of the steps
 
 
 def evals(scalars: pd.DataFrame) -> pd.DataFrame:
@@ -33,17 +32,12 @@ def evals(scalars: pd.DataFrame) -> pd.DataFrame:
 
 def with_convergence(runs: pd.DataFrame, scalars: pd.DataFrame) -> pd.DataFrame:
     """`runs` with `fall` (the eval loss's fall over the last quarter of the run's steps, in units of the
-    unigram-to-optimal gap) and `converged` (a completed run whose fall is under CONVERGED_FALL)."""
-    ev = evals(scalars).set_index(["run_name", "step"])["eval_loss"]
-    falls = []
-    for run in runs.itertuples():
-        steps = int(run.steps)
-        try:
-            start, end = ev.loc[(run.run_name, steps * 3 // 4)], ev.loc[(run.run_name, steps)]
-        except KeyError:
-            falls.append(np.nan)  # diverged before the end, or evaluated at other steps
-            continue
-        falls.append(float((start - end) / (run.unigram_loss - run.optimal_loss)))
+    unigram-to-optimal gap: lifecycle/diagnosis.py's `loss_fall`, strict: the evaluation exactly at 3/4) and
+    `converged` (a completed run whose fall is under CONVERGED_FALL, the per-run diagnosis's threshold)."""
+    ev = evals(scalars)
+    by_run = {name: group.set_index("step")["eval_loss"] for name, group in ev.groupby("run_name")}
+    falls = [loss_fall(by_run.get(run.run_name, pd.Series(dtype=float)), int(run.steps), run.unigram_loss,
+                       run.optimal_loss, strict=True) for run in runs.itertuples()]
     out = runs.assign(fall=falls)
     return out.assign(converged=out["status"].eq("completed") & (out["fall"] < CONVERGED_FALL))
 

@@ -34,7 +34,9 @@ from ..errors import HarnessError
 from ..sweeps.hydra_callbacks import SWEEP_LOG
 from ..lifecycle.summary import FINAL, write_summary
 from ..sinks.layers import LayerFileSink
-from .runs import RUN_KEYS, load_events, load_layer_records, load_scalars, run_dirs, run_records, run_row
+from ..lifecycle.diagnosis import diagnosed_or_none
+from .runs import (RUN_KEYS, load_events, load_layer_records, load_scalars, needs_diagnosis, run_dirs, run_records,
+                   run_row)
 from ..lifecycle.runlock import held_elsewhere
 
 PUBLISHED = "published"  # runs/<study>/published/
@@ -61,6 +63,7 @@ class Published:
     directory: Path
     manifest: dict
     _frames: dict = field(default_factory=dict)
+    _by_run: dict = field(default_factory=dict)
 
     def table(self, name: str) -> pd.DataFrame:
         if name not in self._frames:
@@ -71,13 +74,33 @@ class Published:
     def runs(self) -> pd.DataFrame:
         """The frame `load_runs` gave on the raw runs (run_dir: where each run's directory was)."""
         study_dir = self.directory.parent
-        rows = [run_row(records.loads(r.summary), records.loads(r.config), study_dir / r.run_name)
+        rows = [run_row(self._summary(r.run_name, r.summary), records.loads(r.config), study_dir / r.run_name)
                 for r in self.table("runs").itertuples()]
         return pd.DataFrame(rows)
 
     def summaries(self) -> tuple[list[dict], list[Path]]:
         """As `load_summaries` gives them (a run without a summary was not listed there either)."""
-        return [records.loads(s) for s in self.table("runs")["summary"] if s != "{}"], []
+        return [self._summary(r.run_name, r.summary) for r in self.table("runs").itertuples() if r.summary != "{}"], []
+
+    def _summary(self, run_name: str, text: str) -> dict:
+        """A packed summary, with the diagnosis made from the packed records where the run predates it
+        (the packed text itself stays as the run wrote it: restore gives the same bytes back)."""
+        summary = records.loads(text)
+        if not needs_diagnosis(summary):
+            return summary
+        of_run = {name: self._of_run(name, run_name) for name in ("scalars", "events", "layers")}
+        return {**summary, "diagnosis": diagnosed_or_none(self.directory / run_name, summary, **of_run)}
+
+    def _of_run(self, name: str, run_name: str) -> pd.DataFrame:
+        """One run's rows of a per-step table (a column it never recorded holds NaN: the diagnosis reads that as
+        not measured, as it does a run's own files)."""
+        frame = self.table(name)
+        if frame.empty:
+            return frame
+        if name not in self._by_run:
+            self._by_run[name] = dict(tuple(frame.groupby("run_name", sort=False)))
+        rows = self._by_run[name].get(run_name)
+        return pd.DataFrame() if rows is None else rows  # a run without rows had no such file
 
     def of_runs(self, name: str, runs: pd.DataFrame) -> pd.DataFrame:
         """A per-step table (scalars, layers, events) cut to `runs`, as `load_scalars(runs)` would give it."""

@@ -19,9 +19,9 @@ import pandas as pd
 
 from . import at_one_lr, comparison_table, load_frontier, load_layer_records, load_runs, load_scalars, plots
 from .frontier_law import fit_frontier_law
-from .tables import shared_value
+from .tables import diagnosis_table, shared_value
 
-RUN_COLUMNS = ["run_name", "experiment", "norm", "depth", "seed", "train.lr", "status", "trained", "final_loss",
+RUN_COLUMNS = ["run_name", "experiment", "norm", "depth", "seed", "train.lr", "status", "trained", "diagnosis.kind", "final_loss",
                "eval_loss", "excess_loss", "unigram_loss", "learned_fraction", "diverged_at_step", "steps_completed",
                "params", "wall_s"]
 
@@ -116,6 +116,23 @@ def runs_table(runs: pd.DataFrame) -> str:
     return f'<table class="sortable" id="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
+def diagnosis_panels(runs: pd.DataFrame) -> str:
+    """One folded panel per run that ended: its diagnosis, the evidence, the other findings, what was not measured."""
+    if "diagnosis.kind" not in runs:
+        return ""
+    panels = []
+    for _, run in runs.dropna(subset=["diagnosis.kind"]).sort_values(["norm", "depth", "seed"]).iterrows():
+        lines = [f"<li>{html.escape(run['diagnosis.kind'])} at step {int(run['diagnosis.step'])}: "
+                 f"{html.escape(str(run['diagnosis.evidence']))}</li>"]
+        lines += [f"<li>also {html.escape(f['kind'])} at step {f['step']}: {html.escape(f['evidence'])}</li>"
+                  for f in run.get("diagnosis.also") or []]
+        if len(run.get("diagnosis.not_measured") or []):
+            lines.append(f"<li>not measured: {html.escape(', '.join(run['diagnosis.not_measured']))}</li>")
+        panels.append(f"<details><summary>{html.escape(run['run_name'])}: {html.escape(run['diagnosis.kind'])}"
+                      f"</summary><ul>{''.join(lines)}</ul></details>")
+    return "".join(panels)
+
+
 def frame_table(frame: pd.DataFrame, index: bool = True, table_id: str = "") -> str:
     return frame.to_html(index=index, border=0, classes="sortable", table_id=table_id or None, na_rep="",
                          float_format=lambda v: f"{v:.4g}")
@@ -179,6 +196,10 @@ def build_report(root: str | Path) -> str:
                 caption += f" Runs at lr {lr:g} only (the most common of the sweep's {runs['train.lr'].nunique()})."
             sections.append(_figure(title, caption, figures[title]))
     sections += ["<h2>Runs</h2>", "<p>Click a header to sort.</p>", runs_table(runs)]
+    if not (diagnoses := diagnosis_table(runs)).empty:
+        sections += ["<h2>Diagnosis</h2>", "<p>Why each run ended as it did, from its records (docs/stability.md: the "
+                     "diagnosis of a run); each run's evidence below.</p>", frame_table(diagnoses, table_id="diagnosis"),
+                     diagnosis_panels(runs)]
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>deepnorm_exp: '
             f"{html.escape(root.name)}</title><style>{STYLE}</style></head><body>{''.join(sections)}"
             f"<script>{SCRIPT}</script></body></html>")

@@ -20,12 +20,13 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from . import budget, comparison_table, lr_study, plots, published
+from . import budget, comparison_table, lr_study, mitigations, plots, published
 from .runs import config_by_run, config_column
-from .tables import shared_value
+from .tables import diagnosis_table, shared_value
 from .claims import NOT_RUN, Evidence, judge
 from .frontier_law import bracket_table, brackets_so_far
 from .timing import preset_time
+from ..lifecycle.diagnosis import rules_markdown
 from ..lifecycle.summary import TRAINED_FRACTION, format_table
 
 FIGURE_DIR = "results"  # beside results.md
@@ -62,6 +63,10 @@ STUDIES = [
     Study("warmup_contrast", "With and without warm-up (the paper's contrast)",
           "Post-LN and DeepNorm at 18 layers, warm-up 0 and 100 steps, two seeds, lr 1e-3, the model update every "
           "step."),
+    Study("mitigation_study", "Mitigations where Post-LN fails (an extension, not judged)",
+          "Post-LN, Pre-LN and DeepNorm at depth 48 with the quick start's training, with no mitigation and with each "
+          "of QK-LayerNorm, z-loss 1e-4, soft-capping (attention 50, output 30) and weight decay 0.1, two seeds (the "
+          "rule: deepnorm_exp/analysis/mitigations.py)."),
     Study("frontier_depth", "Stability frontier across depth",
           "Per scheme, depth and seed, the largest learning rate that trains, found by bisection "
           "(hydra/sweeper=frontier), and the law log(max lr) = a + b log(depth) fitted per scheme."),
@@ -128,6 +133,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
                      markdown_table(comparison_table(runs, untrained=True)))
             page.figure(f"{name}_depth_stability", plots.depth_stability(runs),
                         "Loss against depth per scheme (x: a depth where seeds diverged).")
+            diagnoses(page, runs)
         return write
 
     def frontier(page: Page) -> None:
@@ -142,6 +148,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
                          "sweep's `stable_if`; an empty end: no probe on that side yet):",
                          markdown_table(brackets_so_far(runs, stable_if).sort_values(["norm", "depth", "seed"]),
                                         index=False))
+                diagnoses(page, runs, "every probe, at every rate it tried")
             return
         fit = evidence.frontier_law("frontier_depth")
         law = fit.copy()
@@ -162,6 +169,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
                  f"would have taken {int(sweeps['grid_runs'].sum())}):",
                  markdown_table(cells[columns].sort_values([c for c in ("norm", "depth", "seed") if c in columns]),
                                 index=False))
+        diagnoses(page, evidence.runs("frontier_depth"), "every probe, at every rate it tried")
 
     def model_update(page: Page) -> None:
         runs = evidence.at_one_lr("model_update")
@@ -189,6 +197,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
                     "rate).")
         page.add("Every cell (mean capped loss over the seeds; `(k div)`: k seeds diverged):",
                  markdown_table(lr_study.curve_table(lr_study.lr_curves(runs))))
+        diagnoses(page, runs, "over every rate of the grid")
 
     def training_length(page: Page) -> None:
         runs, scalars = evidence.runs("budget_study"), evidence.every_runs_scalars("budget_study")
@@ -217,11 +226,21 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
         page.add("Model update ||F(x,θt) − F(x,θ0)|| at a few steps (mean over the seeds), and how the runs ended:",
                  markdown_table(warmup_table(runs, scalars), index=False))
 
+    def mitigation(page: Page) -> None:
+        table = mitigations.mitigation_table(evidence.runs("mitigation_study"))
+        if table.empty:
+            page.add("No run of the study has ended yet.")
+            return
+        page.add("Per scheme and mitigation: the seeds that trained, the eval loss (mean ± std over the seeds that "
+                 "completed), the diagnoses, and the rule's verdict against the same scheme with no mitigation:",
+                 markdown_table(table, index=False))
+
     def one_seed_table(name: str) -> Callable[[Page], None]:
         def write(page: Page) -> None:
             page.add(single_rate_label(evidence.runs(name)),
                      "Eval loss; (1/1 untrained): completed without learning 10% of the gap.",
                      markdown_table(comparison_table(evidence.runs(name), untrained=True)))
+            diagnoses(page, evidence.runs(name))
         return write
 
     return {"paper_depth_sweep": depth_sweep("paper_depth_sweep"),
@@ -229,8 +248,17 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             "gpu_depth": depth_sweep("gpu_depth"),
             "frontier_depth": frontier, "model_update": model_update, "lr_study": learning_rates,
             "budget_study": training_length, "model_update_low_lr": low_rate,
-            "model_update_1000l": thousand_layers, "warmup_contrast": warmup,
+            "model_update_1000l": thousand_layers, "warmup_contrast": warmup, "mitigation_study": mitigation,
             "quickstart": one_seed_table("quickstart"), "zoo_depth_sweep": one_seed_table("zoo_depth_sweep")}
+
+
+def diagnoses(page: Page, runs: pd.DataFrame, scope: str = "") -> None:
+    """The diagnosis table of a study's runs (none where no run has ended)."""
+    table = diagnosis_table(runs)
+    if not table.empty:
+        page.add(f"Why each run ended as it did{' (' + scope + ')' if scope else ''}: how many runs got each "
+                 "diagnosis, from their records by the rules of [the diagnosis](stability.md#the-diagnosis-of-a-run):",
+                 markdown_table(table))
 
 
 WARMUP_STEPS_SHOWN = (1, 10, 100, 200)
@@ -454,11 +482,12 @@ BLOCK_STUDIES = {"quickstart": "quickstart", "frontier": "frontier_depth", "zoo"
 
 
 def generated_blocks(root: Path, evidence: Optional[Evidence] = None, every_study: bool = True) -> dict[str, str]:
-    """NAME -> the block's new text, for the studies that have runs: `quickstart`, `zoo` and `lr_study` (the
+    """NAME -> the block's new text: `diagnosis_rules` (the diagnosis kinds, from lifecycle/diagnosis.py), and
+    for the studies that have runs: `quickstart`, `zoo` and `lr_study` (the
     tables and the time, once the sweep has finished), `frontier` (each cell's bracket and the law, once frontier.json is
     written), and, where the records hold every study the page shows (`every_study`), `presets` (every
     preset's command and time here) and `claims` (the verdicts' tally), which summarize them all."""
-    evidence, blocks = evidence or Evidence(root), {}
+    evidence, blocks = evidence or Evidence(root), {"diagnosis_rules": rules_markdown()}  # the manual's, from the code
     # A table's block waits for its whole sweep: a sweep in progress would replace it with a few rows.
     if evidence.finished("quickstart"):
         summaries, damaged = evidence.summaries("quickstart")

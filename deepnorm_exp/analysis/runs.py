@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 
 from .. import records
 from ..lifecycle.runlock import held_elsewhere
-from ..lifecycle.summary import FINAL, read_summary
+from ..lifecycle.diagnosis import diagnose_run_dir
+from ..lifecycle.summary import FINAL, has_ended, read_summary
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -52,11 +53,21 @@ def load_runs(root: str | Path) -> pd.DataFrame:
         records_ = run_records(run_dir)
         if records_ is None:
             continue
-        row = run_row(*records_, run_dir)
-        if held_elsewhere(run_dir):
+        summary, config = records_
+        running = held_elsewhere(run_dir)
+        if needs_diagnosis(summary) and not running:
+            summary = {**summary, "diagnosis": diagnose_run_dir(run_dir, summary)}
+        row = run_row(summary, config, run_dir)
+        if running:
             row["status"] = "running"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def needs_diagnosis(summary: dict) -> bool:
+    """A run that ended before runs wrote a diagnosis (lifecycle/diagnosis.py): analysis makes it from the
+    same records, so every run that ended has one."""
+    return has_ended(summary) and summary.get("diagnosis") is None
 
 
 def run_records(run_dir: Path) -> Optional[tuple[dict, dict]]:

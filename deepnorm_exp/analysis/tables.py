@@ -34,6 +34,20 @@ def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss", untrained: b
     return norm_depth_table(cells, norms_in(runs))
 
 
+def diagnosis_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """norm x depth: how many of the runs that ended got each diagnosis (lifecycle/diagnosis.py), most first:
+    "2 collapsed_at_init, 1 stuck_on_plateau"."""
+    ended = outcomes(runs)
+    if ended.empty or "diagnosis.kind" not in ended:
+        return pd.DataFrame()
+    cells: dict[str, dict[int, str]] = {}
+    for (norm, depth), group in ended.groupby(["norm", "depth"]):
+        counts = group["diagnosis.kind"].fillna("none").value_counts(sort=False)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        cells.setdefault(norm, {})[int(depth)] = ", ".join(f"{n} {kind}" for kind, n in ranked)
+    return norm_depth_table(cells, norms_in(ended))
+
+
 def norm_depth_table(cells: dict[str, dict[int, str]], norms: list[str]) -> pd.DataFrame:
     """{norm: {depth: text}} as a norm x depth table: the rows in `norms`' order, the depths ascending, "" where a
     cell is missing."""

@@ -26,7 +26,7 @@ from .preemption import PreemptionGuard
 from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
 from .runlock import RunLock
-from .summary import TRAINED_FRACTION, format_summary, learned_fraction, new_summary, write_summary
+from .summary import TRAINED_FRACTION, format_summary, has_ended, learned_fraction, new_summary, write_summary
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -164,6 +164,10 @@ def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: dic
     summary["wall_s"] = parts.clock.elapsed() if parts.clock is not None else time.perf_counter() - started
     summary["finished_at"] = utc_now()
     if runtime.is_main:
+        if has_ended(summary):  # the records are on disk by now: the sinks write as they receive
+            from .diagnosis import diagnose_run_dir  # pandas: only once training is over
+
+            summary["diagnosis"] = diagnose_run_dir(out_dir, summary)
         try:
             write_summary(out_dir / "summary.json", summary)
         except OSError as e:  # a full disk: say so, and let the run's own error be the one raised

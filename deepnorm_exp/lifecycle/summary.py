@@ -41,7 +41,7 @@ def new_summary(cfg: Any, name: str, out_dir: Path, runtime: Any, parallel: str,
         "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": None,
         "final_loss": None, "eval_loss": None, "eval_step": None, "eval_weights": None, "initial_eval_loss": None,
         "optimal_loss": None, "unigram_loss": None, "excess_loss": None,
-        "diverged_at_step": None, "divergence_reason": None, "divergence": None,
+        "diverged_at_step": None, "divergence_reason": None, "divergence": None, "diagnosis": None,
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
         **constants, "params": None, "memory_estimate_gib": memory_gib,
         "tokens_per_s": None, "flops_per_token": None, "mfu": None, "peak_memory_gib": None, "wall_s": None,
@@ -68,6 +68,14 @@ def _fmt(value: Any, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def describe_diagnosis(diagnosis: Optional[dict]) -> str:
+    """One line: `kind at step N: evidence`, and the other findings' kinds."""
+    if not diagnosis:
+        return "-"
+    also = f" (also: {', '.join(f['kind'] + ' @' + str(f['step']) for f in diagnosis['also'])})" if diagnosis["also"] else ""
+    return f"{diagnosis['kind']} at step {diagnosis['step']}: {diagnosis['evidence']}{also}"
+
+
 def format_summary(s: dict) -> str:
     state = s["status"]
     if s["status"] == "completed":
@@ -84,6 +92,7 @@ def format_summary(s: dict) -> str:
         f"{_fmt(s['tokens_per_s'], ',.0f')} tokens/s on {s['device']}",
         f"  loss        final {_fmt(s['final_loss'])}  eval {_fmt(s['eval_loss'])}  "
         f"optimal {_fmt(s['optimal_loss'])}  excess {_fmt(s['excess_loss'])}  unigram {_fmt(s['unigram_loss'])}",
+        f"  diagnosis   {describe_diagnosis(s.get('diagnosis'))}",
         f"  alpha/beta  {constants}",
         f"  params      {_fmt(s['params'], ',')}",
     ]
@@ -113,7 +122,8 @@ def format_table(summaries: list[dict], damaged: list[Path] = ()) -> str:
         return "\n".join(["(no runs)", *unreadable])
     rows = sorted(summaries, key=lambda s: (s["depth"], s["norm"], s["run_name"]))
     width = max(len(s["run_name"]) for s in rows)
-    header = f"{'run':<{width}} {'norm':<10} {'depth':>5} {'final':>7} {'eval':>7} {'excess':>7} {'learned':>7}  status"
+    header = (f"{'run':<{width}} {'norm':<10} {'depth':>5} {'final':>7} {'eval':>7} {'excess':>7} {'learned':>7}  "
+              f"{'diagnosis':<23} status")
     lines = [header, "-" * len(header)]
     for s in rows:
         status = s["status"] + ("" if s["status"] != "completed" or s.get("trained") else " (untrained)")
@@ -121,7 +131,7 @@ def format_table(summaries: list[dict], damaged: list[Path] = ()) -> str:
             status += f" @{s['diverged_at_step']}"
         lines.append(f"{s['run_name']:<{width}} {s['norm']:<10} {s['depth']:>5} {_fmt(s['final_loss'], '7.3f')} "
                      f"{_fmt(s['eval_loss'], '7.3f')} {_fmt(s['excess_loss'], '7.3f')} {_fmt(s.get('learned_fraction'), '7.0%')}"
-                     f"  {status}")
+                     f"  {(s.get('diagnosis') or {}).get('kind', '-'):<23} {status}")
     optimal = {s["optimal_loss"] for s in rows if s.get("optimal_loss") is not None}
     unigram = {round(s["unigram_loss"], 3) for s in rows if s.get("unigram_loss") is not None}
     if len(optimal) == 1 and len(unigram) == 1:

@@ -107,6 +107,9 @@ class WandbSink(Sink):
         for key, value in summary.items():
             if isinstance(value, (int, float, str, bool)) and not (isinstance(value, float) and math.isnan(value)):
                 self.run.summary[key] = value
+        if isinstance(summary.get("diagnosis"), dict):  # a run table's column: the kind, its step and evidence
+            for part in ("kind", "step", "evidence"):
+                self.run.summary[f"diagnosis_{part}"] = summary["diagnosis"][part]
         self.run.finish(exit_code=0 if summary.get("status") != "failed" else 1)
 
     def close(self) -> None:
