@@ -64,6 +64,7 @@ class Published:
     manifest: dict
     _frames: dict = field(default_factory=dict)
     _by_run: dict = field(default_factory=dict)
+    _diagnoses: dict = field(default_factory=dict)  # run_name -> the diagnosis made for it (runs() and summaries())
 
     def table(self, name: str) -> pd.DataFrame:
         if name not in self._frames:
@@ -88,8 +89,10 @@ class Published:
         summary = records.loads(text)
         if not needs_diagnosis(summary):
             return summary
-        of_run = {name: self._of_run(name, run_name) for name in ("scalars", "events", "layers")}
-        return {**summary, "diagnosis": diagnosed_or_none(self.directory / run_name, summary, **of_run)}
+        if run_name not in self._diagnoses:
+            of_run = {name: self._of_run(name, run_name) for name in ("scalars", "events", "layers")}
+            self._diagnoses[run_name] = diagnosed_or_none(self.directory / run_name, summary, **of_run)
+        return {**summary, "diagnosis": self._diagnoses[run_name]}
 
     def _of_run(self, name: str, run_name: str) -> pd.DataFrame:
         """One run's rows of a per-step table (a column it never recorded holds NaN: the diagnosis reads that as

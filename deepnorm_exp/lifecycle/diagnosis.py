@@ -152,9 +152,9 @@ def _spikes(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers: 
                     f"loss {first['loss']:.4g} against a median {first['median']:.4g} + {first['k']:g} x {first['deviation']:.3g}")
 
 
-# kind -> (its rule, the table and column it reads); in this order at equal steps
-FINDINGS: dict[str, tuple[Callable, str, str]] = {
-    "divergence": (_divergence, "summary", "status"),
+# kind -> (its rule, the table and column it reads: None for the summary, always there); in this order at equal steps
+FINDINGS: dict[str, tuple[Callable, Optional[str], Optional[str]]] = {
+    "divergence": (_divergence, None, None),
     "collapsed_at_init": (_collapsed, "layers", "token_cosine"),
     "gradient_vanishing": (_vanishing, "layers", "adam_below_eps"),
     "attention_logit_growth": (_logit_growth, "layers", "attn_logit_max"),
@@ -204,10 +204,10 @@ def diagnose(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers:
     {"kind", "step", "evidence", "also": [other findings], "not_measured": [quantities a rule needed]}."""
     if not has_ended(summary):
         return None
-    tables = {"summary": pd.DataFrame({"status": [summary.get("status")]}), "scalars": scalars, "layers": layers}
+    tables = {"scalars": scalars, "layers": layers}
     findings, not_measured = [], []
     for rule, table, column in FINDINGS.values():
-        if column not in tables[table] or not tables[table][column].notna().any():
+        if table is not None and (column not in tables[table] or not tables[table][column].notna().any()):
             not_measured.append(column)
         elif (found := rule(summary, scalars, events, layers)) is not None:
             findings.append(found)
