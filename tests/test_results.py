@@ -239,20 +239,54 @@ def test_gradient_and_ln_input_claims_compare_with_deepnorm_and_across_depth():
     assert claims.post_ln_inputs_grow(mech(layers=mech_layers(deep_ln=4.0)))[0] is False
 
 
+def test_gradient_and_ln_input_trends_must_beat_the_seeds_spread():
+    """Two seeds: Post-LN's L100 value moves past its L6 one and past DeepNorm's on average, but by less than
+    the two seeds of its L100 cell differ: no trend to read, and the claims must say not reproduced."""
+    def two_seeds(**kw) -> pd.DataFrame:
+        first = mech_layers(**kw)
+        second = first.assign(run_name=first["run_name"].str.replace("-s0", "-s1"))
+        post_deep = second["norm"].eq("post") & second["depth"].eq(100)
+        # seed 1 at L100 back to the L6 value: the mean still moves, the seeds disagree by more than it
+        second.loc[post_deep, ["ln_input_norm", "grad_norm"]] = [8.0, 1.0]
+        return pd.concat([first, second], ignore_index=True)
+
+    clear = mech(layers=pd.concat([mech_layers(), mech_layers().assign(
+        run_name=lambda f: f["run_name"].str.replace("-s0", "-s1"))], ignore_index=True))
+    assert claims.post_ln_inputs_grow(clear)[0] is True and claims.post_gradient_vanishes(clear)[0] is True
+    met, numbers = claims.post_ln_inputs_grow(mech(layers=two_seeds(post_ln=1.6, deep_ln=1.0)))
+    assert met is False and "(seeds' spread 0.424)" in numbers  # std of 1.6 and 1.0, ddof 1 (units of sqrt(d))
+    assert claims.post_gradient_vanishes(mech(layers=two_seeds()))[0] is False
+
+
 def test_the_warmup_contrast_is_post_lns_ratio_against_deepnorms():
-    def frame(post_no_warmup: float):
+    def frame(post_no_warmup: float, post_warmup: float = 1.0, depths=(18,)):
         runs, rows = [], []
-        for norm in ("post", "deepnorm"):
-            for warmup in (0, 100):
-                name = f"{norm}-w{warmup}"
-                runs.append(run(norm, 18, run_name=name, **{"train.warmup_steps": warmup}))
-                value = {("post", 0): post_no_warmup, ("post", 100): 1.0, ("deepnorm", 0): 3.0, ("deepnorm", 100): 1.0}[norm, warmup]
-                rows += [dict(norm=norm, depth=18, run_name=name, step=step, model_update=value if step == 10 else 50.0)
-                         for step in (1, 10, 11)]
-        return evidence(runs_warmup_contrast=pd.DataFrame(runs), scalars_warmup_contrast=pd.DataFrame(rows))
+        for depth in depths:
+            for norm in ("post", "deepnorm"):
+                for warmup in (0, 100):
+                    name = f"{norm}-L{depth}-w{warmup}"
+                    runs.append(run(norm, depth, run_name=name, **{"train.warmup_steps": warmup, "model.d_model": 64}))
+                    value = {("post", 0): post_no_warmup, ("post", 100): post_warmup, ("deepnorm", 0): 3.0,
+                             ("deepnorm", 100): 1.0}[norm, warmup]
+                    if depth != depths[0] and norm == "post":
+                        value = {0: 2.0, 100: 1.0}[warmup]  # a deeper depth where Post-LN's ratio is the lower
+                    rows += [dict(norm=norm, depth=depth, run_name=name, step=step,
+                                  model_update=value if step == 10 else 50.0) for step in (1, 10, 11)]
+        study = mechanism.WARMUP_STUDY
+        return evidence(**{f"runs_{study}": pd.DataFrame(runs), f"scalars_{study}": pd.DataFrame(rows)})
+    # the saturation bound for d 64: 0.8 sqrt(128) = 9.05
     met, numbers = claims.warmup_matters_more_for_post(frame(post_no_warmup=9.0))
     assert met and numbers == "model update after 10 steps, without warm-up over with it: deepnorm L18 3, post L18 9"
     assert claims.warmup_matters_more_for_post(frame(post_no_warmup=2.0))[0] is False
+    # Post-LN's update without warm-up over the bound: no ratio to read at the only depth
+    met, numbers = claims.warmup_matters_more_for_post(frame(post_no_warmup=10.0))
+    assert met is None and numbers.endswith("(saturated at L18: an update over 0.8 sqrt(2 d), as far as unrelated "
+                                            "outputs lie apart)")
+    # ... and with warm-up too: a ratio near 1 there would otherwise read "not reproduced"
+    assert claims.warmup_matters_more_for_post(frame(post_no_warmup=10.5, post_warmup=9.5))[0] is None
+    # a saturated depth is left out, and the readable one decides: here it is false
+    met, numbers = claims.warmup_matters_more_for_post(frame(post_no_warmup=10.0, depths=(18, 50)))
+    assert met is False and numbers.endswith("(saturated, left out: L18)")
 
 
 def frontier(post_slope: float) -> pd.DataFrame:

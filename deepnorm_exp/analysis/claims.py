@@ -273,18 +273,19 @@ CLAIMS = [
     Claim("Post-LN's LayerNorm inputs grow beyond sqrt(d), shrinking the gradient through the LN (figure 3).",
           "model_update", "near the peak learning rate, Post-LN's mean LN input (in units of sqrt(d)) exceeds "
           "DeepNorm's (in units of alpha sqrt(d)) at the deepest paper-range depth, and is larger there than at "
-          "the shallowest", post_ln_inputs_grow),
+          "the shallowest, each by more than the seeds' spread", post_ln_inputs_grow),
     Claim("Post-LN's gradient vanishes toward the bottom layers (the consequence of the above).", "model_update",
           "near the peak learning rate, Post-LN's bottom-10% over top-10% blocks' gradient norm is below "
-          "DeepNorm's at the deepest paper-range depth, and lower there than at the shallowest",
-          post_gradient_vanishes),
+          "DeepNorm's at the deepest paper-range depth, and lower there than at the shallowest, each by more than "
+          "the seeds' spread", post_gradient_vanishes),
     Claim("Pre-LN's bottom layers get larger gradients than its top layers.", "model_update",
           "near the peak learning rate, that ratio over 1 for Pre-LN at the deepest paper-range depth",
           pre_bottom_gradients_larger),
     Claim("Without warm-up Post-LN's early model update is far larger: warm-up is what holds it back (the "
           "paper's contrast with and without warm-up).", WARMUP_STUDY,
           f"at every depth of the study, Post-LN's model update after {EARLY_STEPS} steps without warm-up over "
-          "that with it exceeds DeepNorm's same ratio", warmup_matters_more_for_post),
+          "that with it exceeds DeepNorm's same ratio (a depth where any of the four is saturated, over 0.8 sqrt(2 d), "
+          "is left out; none left: not testable)", warmup_matters_more_for_post),
     Claim("DeepNorm widens the stable region: Post-LN's largest stable learning rate falls with depth, "
           "DeepNorm's much less.", "frontier_depth",
           "from the brackets (censored cells included): Post-LN's frontier fell from its shallowest to its deepest "
