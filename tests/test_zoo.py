@@ -113,6 +113,21 @@ def test_subln_puts_a_norm_inside_each_sublayer_and_scales_the_init_by_gamma():
     assert encdec.beta("decoder") == pytest.approx(math.sqrt(math.log(18)))
 
 
+def test_subln_leaves_the_cross_attention_as_torchscale_and_magneto_do():
+    """torchscale 0.3.0 builds the inner LayerNorm for self-attention only (multihead_attention.py:
+    `if subln and self.self_attention`) and its Sub-LN init loop skips `encoder_attn`; Magneto's authors
+    use neither for cross-attention (borisdayma/dalle-mini PR #311). Self-attention and FFN keep both."""
+    model, scheme = build("subln", 6, *WIDE, model="encdec")
+    gamma = scheme.beta("decoder")
+    block = model.decoder[2]
+    assert isinstance(block.cross.sublayer.inner_norm, nn.Identity)
+    for role in ("q", "k", "v", "out"):
+        assert role_std(block.cross, role) == pytest.approx(xavier_std(64, 64), rel=0.05), role
+    assert isinstance(block.attn.sublayer.inner_norm, nn.LayerNorm)
+    assert role_std(block.attn, "v") == pytest.approx(gamma * xavier_std(64, 64), rel=0.05)
+    assert role_std(block.ffn, "fc2") == pytest.approx(gamma * xavier_std(256, 64), rel=0.05)
+
+
 # -- initialisation -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("base", ["post", "pre"])
 def test_dsinit_scales_layer_ls_weights_by_one_over_sqrt_l(base):
@@ -260,3 +275,56 @@ def test_the_depth_mup_lr_rule_reaches_the_optimizer_and_admin_profiles_before_t
     model_state = torch.load(f"{summary['run_dir']}/checkpoint.pt", weights_only=True)["model"]
     omegas = [float(v) for k, v in model_state.items() if k.endswith(".omega")]
     assert len(omegas) == 8 and omegas[0] == 1.0 and all(b > a for a, b in zip(omegas, omegas[1:]))
+
+
+def test_dyt_replaces_every_norm_with_a_tanh_of_its_own_alpha0():
+    from deepnorm_exp.schemes.dyt import DynamicTanh
+
+    model, _ = build("dyt", 3, *WIDE, "norm.alpha_attn=0.8", "norm.alpha_ffn=0.2", "norm.alpha_final=0.1")
+    assert norms_in(model) == []  # no statistic is computed anywhere
+    for block in model.blocks:
+        assert block.attn.norm.alpha.item() == pytest.approx(0.8) and block.ffn.norm.alpha.item() == pytest.approx(0.2)
+    assert isinstance(model.final_norm, DynamicTanh) and model.final_norm.alpha.item() == pytest.approx(0.1)
+    block, x = model.blocks[1].ffn, x_like()
+    assert torch.allclose(block(x), x + block.sublayer(torch.tanh(0.2 * x)), atol=1e-6)  # weight 1, bias 0 at init
+    no_bias, _ = build("dyt", 2, *WIDE, "norm.bias=false")
+    assert all(m.bias is None for m in no_bias.modules() if isinstance(m, DynamicTanh))
+    encdec, _ = build("dyt", 2, *WIDE, "norm.alpha_attn=0.7", model="encdec")
+    assert all(block.cross.norm.alpha.item() == pytest.approx(0.7) for block in encdec.decoder)
+
+
+def test_olmo2_normalizes_only_the_output_of_each_sublayer():
+    model, _ = build("olmo2", 2, *WIDE)
+    block, x = model.blocks[1].attn, x_like()
+    assert not hasattr(block, "norm")  # nothing on the sublayer's input
+    assert torch.allclose(block(x), x + block.out_norm(block.sublayer(x)))
+    assert len(norms_in(model)) == 2 * 2 + 1  # one per sublayer, one final
+    periln, _ = build("periln", 2, *WIDE)
+    assert not torch.allclose(periln.blocks[1].attn(x), x + periln.blocks[1].attn.out_norm(periln.blocks[1].attn.sublayer(x)))
+
+
+def test_hybridnorm_normalises_qkv_and_carries_the_normalised_stream_through_the_ffn():
+    model, _ = build("hybridnorm", 3, *WIDE)
+    attn, ffn, x = model.blocks[1].attn, model.blocks[1].ffn, x_like()
+    sub = attn.sublayer
+    assert all(isinstance(getattr(sub, n), nn.LayerNorm) and getattr(sub, n).normalized_shape == (16,)
+               for n in ("q_norm", "k_norm", "v_norm"))  # per head: 64 / 4 heads
+    assert not hasattr(attn, "norm") and torch.allclose(attn(x), x + sub(x))
+    h = ffn.norm(x)
+    assert torch.allclose(ffn(x), h + ffn.sublayer(h))  # the residual carries N(x), not x
+    # v's norm is in the computation: scaling v's weights changes nothing but the v norm's input
+    out = sub(x)
+    with torch.no_grad():
+        sub.qkv.weight[128:].mul_(3.0), sub.qkv.bias[128:].mul_(3.0)
+    assert torch.allclose(sub(x), out, atol=1e-5)
+    star, _ = build("hybridnorm", 3, *WIDE, "norm.pre_first=true")
+    assert [type(b.attn).__name__ for b in star.blocks] == ["PreNormResidual", "PlainResidual", "PlainResidual"]
+    assert isinstance(star.blocks[0].attn.sublayer.v_norm, nn.LayerNorm)  # HybridNorm* keeps them in block 0
+    assert type(star.blocks[0].ffn).__name__ == "PreNormResidual"
+
+
+def test_hybridnorm_keeps_the_qk_norm_mitigations_kind_on_q_and_k():
+    model, _ = build("hybridnorm", 2, *WIDE, "model.qk_norm=rmsnorm")
+    sub = model.blocks[0].attn.sublayer
+    assert isinstance(sub.q_norm, nn.RMSNorm) and isinstance(sub.k_norm, nn.RMSNorm)
+    assert isinstance(sub.v_norm, nn.LayerNorm)  # norm.layer's

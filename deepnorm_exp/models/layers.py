@@ -71,12 +71,15 @@ class SelfAttention(nn.Module):
     three separate d x d matrices, since DeepNorm scales v and not q or k.
     """
 
+    kind = "attention"
+
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0,
                  causal: bool = True, qk_norm: str = "none", eps: float = 1e-5, softcap: float | None = None):
         super().__init__()
         self.d_model, self.n_heads, self.attention_dropout, self.causal = d_model, n_heads, attention_dropout, causal
         self.softcap = softcap  # model.attn_softcap
         self.q_norm, self.k_norm = qk_norms(qk_norm, d_model // n_heads, eps)
+        self.v_norm = nn.Identity()  # per head, on v: a scheme may set one (HybridNorm)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.inner_width, self.inner_norm = d_model, nn.Identity()  # before `out`: a scheme may set a norm (Sub-LN)
@@ -98,7 +101,7 @@ class SelfAttention(nn.Module):
         """`key_mask`: (batch, 1, 1, seq) bool, True where a key may be attended (non-causal use)."""
         batch, seq, d = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = _attend(self.q_norm(q), self.k_norm(k), v, key_mask, self.causal,
+        y = _attend(self.q_norm(q), self.k_norm(k), self.v_norm(v), key_mask, self.causal,
                     self.attention_dropout if self.training else 0.0, self.softcap)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
@@ -118,11 +121,14 @@ class SelfAttention(nn.Module):
 class CrossAttention(nn.Module):
     """Decoder-to-encoder attention: queries from x, keys and values from the encoder's output."""
 
+    kind = "cross_attention"
+
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0,
                  qk_norm: str = "none", eps: float = 1e-5, softcap: float | None = None):
         super().__init__()
         self.d_model, self.n_heads, self.attention_dropout, self.softcap = d_model, n_heads, attention_dropout, softcap
         self.q_norm, self.k_norm = qk_norms(qk_norm, d_model // n_heads, eps)
+        self.v_norm = nn.Identity()
         self.q = nn.Linear(d_model, d_model)
         self.kv = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
@@ -145,7 +151,7 @@ class CrossAttention(nn.Module):
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         k, v = self.kv(memory).chunk(2, dim=-1)
         y = _attend(self.q_norm(_heads(self.q(x), self.n_heads)), self.k_norm(_heads(k, self.n_heads)),
-                    _heads(v, self.n_heads), memory_mask, False, self.attention_dropout if self.training else 0.0,
+                    self.v_norm(_heads(v, self.n_heads)), memory_mask, False, self.attention_dropout if self.training else 0.0,
                     self.softcap)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
@@ -162,6 +168,8 @@ class CrossAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    kind = "ffn"
+
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation_dropout: float = 0.0):
         super().__init__()
         self.d_model = d_model

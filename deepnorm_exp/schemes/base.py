@@ -18,8 +18,10 @@ from torch import nn
 class Sublayer(Protocol):
     """A residual branch G(x): attention or FFN. `projections` names its weights by role. `inner_norm`
     (nn.Identity unless a scheme sets one, as Sub-LN does) acts on the `inner_width`-wide activation before
-    the sublayer's last projection."""
+    the sublayer's last projection. `kind` says which branch it is, for the schemes whose rule differs
+    between them (DyT's alpha_0, Sub-LN's cross-attention)."""
 
+    kind: str  # "attention" (self), "cross_attention" or "ffn"
     d_model: int
     inner_width: int
     inner_norm: nn.Module

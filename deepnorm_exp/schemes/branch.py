@@ -1,4 +1,5 @@
-"""A residual block shared by several schemes: x + s * G(N(x)), with s fixed or learnable, N a norm or none."""
+"""Residual blocks shared by several schemes: x + s * G(N(x)), with s fixed or learnable, N a norm or none; and
+x + G(x), no norm and no scale."""
 
 from __future__ import annotations
 
@@ -23,3 +24,14 @@ class BranchScaledResidual(nn.Module):
     def extra_repr(self) -> str:
         kind = "learnable" if isinstance(self.scale, nn.Parameter) else "fixed"
         return f"scale={self.scale.item():.6g} ({kind})"
+
+
+class PlainResidual(nn.Module):
+    """x + G(x): no norm, no scale (T-Fixup's blocks; HybridNorm's attention)."""
+
+    def __init__(self, sublayer: nn.Module):
+        super().__init__()
+        self.sublayer = sublayer
+
+    def forward(self, x, *args, **kwargs):
+        return x + self.sublayer(x, *args, **kwargs)

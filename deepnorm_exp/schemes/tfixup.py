@@ -21,16 +21,8 @@ from torch import nn
 
 from . import register
 from .base import NormScheme
+from .branch import PlainResidual
 from .deepnorm import BETA_ROLES
-
-
-class PlainResidual(nn.Module):
-    def __init__(self, sublayer: nn.Module):
-        super().__init__()
-        self.sublayer = sublayer
-
-    def forward(self, x, *args, **kwargs):
-        return x + self.sublayer(x, *args, **kwargs)
 
 
 @register("tfixup")
