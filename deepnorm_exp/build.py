@@ -40,7 +40,10 @@ def check_config(cfg: DictConfig) -> int:
     if cfg.model.encoder_depth is not None and "encoder" not in model_cls.stack_depths(cfg):
         raise ConfigError("model.encoder_depth", cfg.model.encoder_depth,
                           f"model={cfg.model.kind} has no encoder; use null")
-    make_scheme(cfg)
+    scheme = make_scheme(cfg)
+    if cfg.train.parallel == "fsdp" and not scheme.shardable:
+        raise ConfigError("train.parallel", "fsdp", f"norm={cfg.norm.name} renormalises whole weight matrices after "
+                          "every step, which FSDP2's shards do not hold: choose one of: auto, none, ddp")
     with open_dict(cfg):  # checked, and with every instrument's default: what every reader of it sees
         cfg.metrics = parse_metrics(cfg.metrics)
     positions = check_data_config(cfg.data, model_cls.task)

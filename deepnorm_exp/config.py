@@ -56,6 +56,7 @@ class ModelConfig:
     d_model: int = 64  # width of the residual stream
     n_heads: int = 4  # attention heads; must divide d_model
     d_ff: int = 256  # hidden width of each FFN
+    ffn: str = "gelu"  # gelu: fc2(gelu(fc1 x)) | swiglu: fc1 twice as wide, fc2(u * silu(v)) (LLaMA's, nGPT's)
     max_seq_len: int = 256  # the longest sequence the positions cover
     vocab_size: int = MISSING  # from the data: ${data.vocab_size}
     # fairseq's --dropout: the embeddings, and each sublayer's output G(x) before the scheme combines it with x
@@ -215,6 +216,7 @@ if not OmegaConf.has_resolver("run_name_excludes"):
 
 CHOICES = {
     "model.positions": ("sinusoidal", "learned"),
+    "model.ffn": ("gelu", "swiglu"),
     "model.qk_norm": ("none", "layernorm", "rmsnorm"),
     "train.schedule": ("inverse_sqrt", "cosine", "constant"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),

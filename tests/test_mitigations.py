@@ -47,7 +47,7 @@ def trainer_of(cfg, net, batches, steps, callbacks=()):
     train = parse_section(TrainConfig, cfg.train, "train")
     scheme = make_scheme(cfg)
     scheme.prepare(net, batches[0])
-    optimizer = build_optimizer(net, train, scheme.param_groups(net, train.lr))
+    optimizer = build_optimizer(net, train, scheme.param_groups(net, train.lr, train.adam_eps))
     return Trainer(model=net, optimizer=optimizer, scheduler=build_scheduler(optimizer, train), batches=iter(batches),
                    steps=steps, device=CPU, z_loss=train.z_loss, callbacks=list(callbacks))
 

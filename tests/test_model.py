@@ -121,15 +121,16 @@ def test_qk_norm_off_builds_the_same_model_and_a_bad_value_is_one_line():
 @pytest.mark.parametrize("model", ["decoder", "encdec"])
 def test_qk_norm_composes_with_every_scheme(model):
     """Every registered scheme builds with QK-norm, adds exactly two norms per attention sublayer (a scheme that
-    normalises q and k itself, HybridNorm, has them replaced by the mitigation's kind), and takes a finite
-    training step."""
+    normalises q and k itself has them replaced by the mitigation's kind, HybridNorm, or applies its own after
+    them, nGPT), and takes a finite training step."""
     from deepnorm_exp.schemes import SCHEMES
 
     for norm in SCHEMES.names():
         overrides = [f"norm={norm}", "depth=2", f"model={model}", "model.qk_norm=rmsnorm"]
         net = tiny_model(*overrides)
         attentions = [m for m in net.modules() if hasattr(m, "q_norm")]
-        assert attentions and all(isinstance(m.q_norm, torch.nn.RMSNorm) for m in attentions), norm
+        assert attentions and all(any(isinstance(n, torch.nn.RMSNorm) for n in m.q_norm.modules())
+                                  for m in attentions), norm
         extra = sum(p.numel() for m in attentions for p in (*m.q_norm.parameters(), *m.k_norm.parameters()))
         plain = tiny_model(*overrides[:-1])
         own = sum(p.numel() for m in plain.modules() if hasattr(m, "q_norm")
@@ -140,3 +141,19 @@ def test_qk_norm_composes_with_every_scheme(model):
         loss = net.loss(batch).loss
         loss.backward()
         assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None), norm
+
+
+def test_swiglu_ffn_builds_and_trains_with_every_scheme():
+    """`model.ffn=swiglu`: fc1 twice as wide, fc2(u * silu(v)), under every registered scheme."""
+    from deepnorm_exp.schemes import SCHEMES
+
+    for norm in SCHEMES.names():
+        net = tiny_model(f"norm={norm}", "depth=2", "model.ffn=swiglu")
+        ffn = net.blocks[0].ffn.sublayer
+        assert ffn.fc1.out_features == 2 * ffn.fc2.in_features, norm
+        x = torch.randn(2, 3, ffn.d_model)
+        u, v = ffn.act_in(ffn.fc1(x)).chunk(2, dim=-1)
+        assert torch.allclose(ffn.activation(ffn.act_in(ffn.fc1(x))), u * torch.nn.functional.silu(v)), norm
+        loss = net.loss({"tokens": torch.randint(3, 32, (2, 9))}).loss
+        loss.backward()
+        assert torch.isfinite(loss), norm

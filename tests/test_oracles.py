@@ -93,3 +93,177 @@ def test_dyt_defaults_are_the_official_modules_init():
     ours = DynamicTanh(64, 0.5)
     for name in ("alpha", "weight", "bias"):
         assert torch.equal(getattr(ours, name), getattr(official, name)), name
+
+
+# --- nGPT: github.com/NVIDIA/ngpt, model.py and train.py at ed19eb232380d41a9d71024b58d2403937d8f2c9 -------
+def official_justnorm(x, idim=-1):
+    """model.py's justnorm (train.py's, with its fp32 cast, is the same in fp32 and fp64 here): no epsilon."""
+    return x / x.norm(p=2, dim=idim, keepdim=True)
+
+
+class OfficialNGPTBlock(nn.Module):
+    """Transcribed from Block (use_nGPT=1) in model.py: parameters by the official names and stored scales;
+    the rotary step left out (the project has no rotary positions; the official one is not a rotation,
+    NVIDIA/ngpt#10); the attention written out where the code calls flash_attn_func (softmax_scale
+    sqrt(d_k), causal), in the dtype of the test rather than bf16."""
+
+    def __init__(self, n_embd, n_head, base_scale, attn_alpha_init_value=0.05):
+        super().__init__()
+        self.n_embd, self.n_head = n_embd, n_head
+        self.query = nn.Linear(n_embd, n_embd, bias=False)
+        self.key = nn.Linear(n_embd, n_embd, bias=False)
+        self.value = nn.Linear(n_embd, n_embd, bias=False)
+        self.att_c_proj = nn.Linear(n_embd, n_embd, bias=False)
+        self.c_fc = nn.Linear(n_embd, 2 * 4 * n_embd, bias=False)
+        self.mlp_c_proj = nn.Linear(4 * n_embd, n_embd, bias=False)
+        self.attn_alpha_init_value, self.attn_alpha_init_scaling = attn_alpha_init_value, base_scale
+        self.attn_alpha = nn.Parameter(self.attn_alpha_init_scaling * torch.ones(n_embd))
+        self.mlp_alpha_init_value, self.mlp_alpha_init_scaling = 0.05, base_scale
+        self.mlp_alpha = nn.Parameter(self.mlp_alpha_init_scaling * torch.ones(n_embd))
+        self.sqk_init_value, self.sqk_init_scaling = 1.0, base_scale
+        self.sqk = nn.Parameter(self.sqk_init_scaling * torch.ones(n_embd))
+        self.suv_init_value, self.suv_init_scaling = 1.0, 1.0
+        self.suv = nn.Parameter(self.suv_init_scaling * torch.ones(2 * 4 * n_embd))
+
+    def forward(self, h):
+        B, T, C = h.size()
+        hd = C // self.n_head
+        q = self.query(h).view(B, T, self.n_head, hd)
+        k = self.key(h).view(B, T, self.n_head, hd)
+        v = self.value(h).view(B, T, self.n_head, hd)
+        sqk = (self.sqk * (self.sqk_init_value / self.sqk_init_scaling)).view(1, 1, self.n_head, hd)
+        q = sqk * official_justnorm(q)
+        k = sqk * official_justnorm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * (hd ** 0.5)
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        y = (scores.softmax(-1) @ v).transpose(1, 2).contiguous().view(B, T, C)
+        h_att = self.att_c_proj(y)
+        lr = torch.abs(self.attn_alpha * (self.attn_alpha_init_value / self.attn_alpha_init_scaling))
+        A_norm, B_norm = official_justnorm(h), official_justnorm(h_att)
+        h = official_justnorm(A_norm + lr * (B_norm - A_norm))
+        uv = self.c_fc(h)
+        suv = self.suv * ((self.suv_init_value / self.suv_init_scaling) * (self.n_embd ** 0.5))
+        u, v = torch.chunk(suv * uv, 2, dim=-1)
+        h_mlp = self.mlp_c_proj(u * nn.functional.silu(v))
+        lr = torch.abs(self.mlp_alpha * (self.mlp_alpha_init_value / self.mlp_alpha_init_scaling))
+        A_norm, B_norm = official_justnorm(h), official_justnorm(h_mlp)
+        return official_justnorm(A_norm + lr * (B_norm - A_norm))
+
+
+class OfficialNGPT(nn.Module):
+    """GPT (use_nGPT=1) from the first block on: the blocks, then logits = s_z (lm_head h), no final norm."""
+
+    def __init__(self, depth, n_embd, n_head, vocab, attn_alpha_init_value=0.05):
+        super().__init__()
+        base_scale = n_embd ** -0.5
+        self.h = nn.ModuleList(OfficialNGPTBlock(n_embd, n_head, base_scale, attn_alpha_init_value)
+                               for _ in range(depth))
+        self.wte = nn.Embedding(vocab, n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+        self.sz_init_value, self.sz_init_scaling = 1.0, base_scale
+        self.sz = nn.Parameter(self.sz_init_scaling * torch.ones(vocab))
+
+    def forward(self, x):
+        for block in self.h:
+            x = block(x)
+        return (self.sz * (self.sz_init_value / self.sz_init_scaling)) * self.lm_head(x)
+
+    @torch.no_grad()
+    def normalize_matrices(self):
+        """train.py's normalize_matrices: every matrix along its n_embd axis."""
+        self.wte.weight.data.copy_(official_justnorm(self.wte.weight.data, 1))
+        self.lm_head.weight.data.copy_(official_justnorm(self.lm_head.weight.data, 1))
+        for block in self.h:
+            for name in ("query", "key", "value", "c_fc"):
+                getattr(block, name).weight.data.copy_(official_justnorm(getattr(block, name).weight.data, 1))
+            for name in ("att_c_proj", "mlp_c_proj"):
+                getattr(block, name).weight.data.copy_(official_justnorm(getattr(block, name).weight.data, 0))
+
+
+def ngpt_pairs(ours, official):
+    """(our tensor, official tensor) for every parameter of the official model, the stored values compared."""
+    d = ours.cfg.d_model
+    yield ours.embed.token.weight, official.wte.weight
+    yield ours.embed.token.weight, official.lm_head.weight  # tied in the project, untied there: the same values
+    yield ours.embed.logit_scale.scale.param, official.sz
+    for block, theirs in zip(ours.blocks, official.h, strict=True):
+        attn, ffn = block.attn.sublayer, block.ffn.sublayer
+        for i, name in enumerate(("query", "key", "value")):
+            yield attn.qkv.weight[i * d:(i + 1) * d], getattr(theirs, name).weight
+        yield attn.out.weight, theirs.att_c_proj.weight
+        yield attn.q_norm.s_qk.param, theirs.sqk
+        yield ffn.fc1.weight, theirs.c_fc.weight
+        yield ffn.act_in.scale.param, theirs.suv
+        yield ffn.fc2.weight, theirs.mlp_c_proj.weight
+        yield block.attn.alpha.param, theirs.attn_alpha
+        yield block.ffn.alpha.param, theirs.mlp_alpha
+
+
+def _ngpt_pair(depth, dtype):
+    cfg = deepnorm_exp.compose(["norm=ngpt", f"depth={depth}", *WIDE, "model.ffn=swiglu", "model.d_ff=256"])
+    torch.manual_seed(0)
+    ours = deepnorm_exp.build_model(cfg).to(dtype)
+    official = OfficialNGPT(depth, 64, 4, cfg.data.vocab_size).to(dtype)
+    with torch.no_grad():  # the learned vectors away from their inits, so the copy is what is compared
+        for p in ours.parameters():
+            if p.dim() == 1:
+                p.mul_(torch.empty_like(p).uniform_(0.5, 1.5))
+        for mine, theirs in ngpt_pairs(ours, official):
+            theirs.copy_(mine)
+    return cfg, ours, official
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("depth", [2, 12])
+def test_ngpt_equals_the_official_blocks_and_head(depth, dtype, tol):
+    cfg, ours, official = _ngpt_pair(depth, dtype)
+    # every parameter of ours has its official counterpart (one s_qk for q and k, as the official sqk)
+    assert {id(m) for m, _ in ngpt_pairs(ours, official)} >= {id(p) for p in ours.parameters() if p.dim() == 1}
+    tokens = torch.randint(0, cfg.data.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    h0 = ours.stream_in(ours.embed(tokens)).detach()  # the project's embedding on the sphere: the input
+    ours_logits = ours(tokens)
+    off_logits = official(h0)
+    assert torch.allclose(ours_logits, off_logits, rtol=tol, atol=tol), (ours_logits - off_logits).abs().max()
+    ours_logits.square().mean().backward()
+    off_logits.square().mean().backward()
+    scale = max(p.grad.abs().max().item() for p in official.parameters() if p.grad is not None)
+    # the embedding is tied here and the input h0 there: every other parameter's gradient is compared
+    for block, theirs in zip(ours.blocks, official.h):
+        d = 64
+        attn, ffn = block.attn.sublayer, block.ffn.sublayer
+        for i, name in enumerate(("query", "key", "value")):
+            assert torch.allclose(attn.qkv.weight.grad[i * d:(i + 1) * d], getattr(theirs, name).weight.grad,
+                                  rtol=tol, atol=tol * scale)
+        for mine, their in [(attn.out.weight, theirs.att_c_proj.weight), (ffn.fc1.weight, theirs.c_fc.weight),
+                            (ffn.fc2.weight, theirs.mlp_c_proj.weight), (attn.q_norm.s_qk.param, theirs.sqk),
+                            (ffn.act_in.scale.param, theirs.suv), (block.attn.alpha.param, theirs.attn_alpha),
+                            (block.ffn.alpha.param, theirs.mlp_alpha)]:
+            assert torch.allclose(mine.grad, their.grad, rtol=tol, atol=tol * scale)
+    assert torch.allclose(ours.embed.logit_scale.scale.param.grad, official.sz.grad, rtol=tol, atol=tol * scale)
+
+    # negative control: the official attention alpha's init value 1% off in one block
+    wrong = OfficialNGPT(depth, 64, 4, cfg.data.vocab_size, attn_alpha_init_value=0.05 * 1.01).to(dtype)
+    wrong.load_state_dict(official.state_dict())
+    assert not torch.allclose(ours_logits.detach(), wrong(h0), rtol=tol, atol=tol)
+
+
+def test_ngpt_renormalises_every_matrix_as_the_official_normalize_matrices():
+    cfg, ours, official = _ngpt_pair(3, torch.float64)
+    scheme = deepnorm_exp.build.make_scheme(cfg)
+    with torch.no_grad():  # an optimizer step's worth of drift off the sphere, the same on both sides
+        for mine, theirs in ngpt_pairs(ours, official):
+            if mine.dim() == 2:
+                mine.add_(0.3 * torch.randn_like(mine))
+        for mine, theirs in ngpt_pairs(ours, official):
+            theirs.copy_(mine)
+    scheme.after_optimizer_step(ours)
+    official.normalize_matrices()
+    for mine, theirs in ngpt_pairs(ours, official):
+        assert torch.allclose(mine, theirs, rtol=1e-12, atol=1e-12), theirs.shape
+    # negative control: the official rule with out and fc2 by rows instead of columns
+    for block in official.h:
+        for name in ("att_c_proj", "mlp_c_proj"):
+            w = getattr(block, name).weight
+            w.data.copy_(official_justnorm(w.data + 0.3, 1))
+    assert not all(torch.allclose(m, t) for m, t in ngpt_pairs(ours, official))

@@ -10,6 +10,7 @@ from torch import nn
 
 import deepnorm_exp
 from deepnorm_exp.build import make_scheme
+from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.schemes import SCHEMES
 from deepnorm_exp.schemes.base import xavier_std
 
@@ -41,6 +42,15 @@ def role_std(block, role) -> float:
         if r == role:
             return float(weight.detach().std())
     raise KeyError(role)
+
+
+def test_every_scheme_has_a_row_in_the_zoo_table_and_a_place_in_the_zoo_sweep():
+    page = (deepnorm_exp.config.CONF_DIR.parent / "docs" / "schemes.md").read_text()
+    sweep = (deepnorm_exp.config.CONF_DIR / "experiment" / "zoo_depth_sweep.yaml").read_text()
+    swept = next(line for line in sweep.splitlines() if line.strip().startswith("norm:")).split(":")[1].split()[0]
+    assert set(swept.split(",")) == set(SCHEMES.names())
+    for name in SCHEMES.names():
+        assert f"| `{name}` |" in page, name
 
 
 def test_every_scheme_has_a_module_docstring_naming_its_source_and_a_yaml():
@@ -162,20 +172,47 @@ def test_tfixup_has_no_norm_and_scales_weights_and_embeddings_by_depth():
     assert role_std(encdec.decoder[2].cross, "v") == pytest.approx(dec * xavier_std(64, 64), rel=0.05)
 
 
-# -- depth-muP ----------------------------------------------------------------------------------------
+# -- CompleteP and depth-muP ---------------------------------------------------------------------------
 def test_depth_mup_scales_branches_by_one_over_sqrt_depth_and_its_lr_rule_groups_block_parameters():
     depth = 16
     model, scheme = build("depth_mup", depth, "norm.lr_rule=true", "norm.base_depth=4")
     block = model.blocks[3].ffn
     x = x_like(64)
-    assert torch.allclose(block(x), x + block.sublayer(block.norm(x)) / 4.0)
-    groups = scheme.param_groups(model, lr=1e-3)
+    assert torch.allclose(block(x), x + block.sublayer(block.norm(x)) / math.sqrt(16 / 4))
+    groups = scheme.param_groups(model, lr=1e-3, eps=1e-8)
     assert [g["lr"] for g in groups] == [pytest.approx(1e-3), pytest.approx(1e-3 * math.sqrt(4 / 16))]
+    assert [g["eps"] for g in groups] == [1e-8, 1e-8]  # eps_rule off
     ids = [id(p) for g in groups for p in g["params"]]
     assert sorted(ids) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
     assert {id(p) for p in model.embed.parameters()} <= {id(p) for p in groups[0]["params"]}
     _, plain = build("depth_mup", depth)
-    assert plain.param_groups(model, 1e-3) is None
+    assert plain.param_groups(model, 1e-3, 1e-8) is None
+    plain_block = build("depth_mup", depth)[0].blocks[3].ffn
+    assert float(plain_block.scale) == pytest.approx(1 / 4)  # base_depth 1: 1/sqrt(L)
+
+
+@pytest.mark.parametrize("depth_alpha", [0.5, 0.75, 1.0])
+def test_completep_branch_lr_and_eps_rules_follow_the_depth_multiplier(depth_alpha):
+    """Table 1 of the CompleteP paper, width fixed: branch x m^-alpha, block lr x m^(alpha-1), block eps x
+    m^-alpha, m = L / L_base; embeddings and the final LN keep lr and eps."""
+    depth, base = 24, 3
+    model, scheme = build("completep", depth, f"norm.depth_alpha={depth_alpha}", f"norm.base_depth={base}")
+    m = depth / base
+    block = model.blocks[5].attn
+    x = x_like(64)
+    assert torch.allclose(block(x), x + block.sublayer(block.norm(x)) * m ** -depth_alpha, atol=1e-6)
+    rest, blocks = scheme.param_groups(model, lr=2e-3, eps=1e-8)
+    assert (rest["lr"], rest["eps"]) == (2e-3, 1e-8)
+    assert blocks["lr"] == pytest.approx(2e-3 * m ** (depth_alpha - 1))
+    assert blocks["eps"] == pytest.approx(1e-8 * m ** -depth_alpha)
+    assert {id(p) for p in rest["params"]} == {id(p) for p in [*model.embed.parameters(), *model.final_norm.parameters()]}
+    if depth_alpha == 1.0:
+        assert blocks["lr"] == 2e-3  # CompleteP's lr does not move with depth
+
+
+def test_completep_refuses_an_exponent_outside_its_range():
+    with pytest.raises(ConfigError, match="depth_alpha"):
+        build("completep", 6, "norm.depth_alpha=0.3")
 
 
 # -- Admin ----------------------------------------------------------------------------------------------
@@ -328,3 +365,130 @@ def test_hybridnorm_keeps_the_qk_norm_mitigations_kind_on_q_and_k():
     sub = model.blocks[0].attn.sublayer
     assert isinstance(sub.q_norm, nn.RMSNorm) and isinstance(sub.k_norm, nn.RMSNorm)
     assert isinstance(sub.v_norm, nn.LayerNorm)  # norm.layer's
+
+
+# -- DeepScaleLM -----------------------------------------------------------------------------------------
+def test_deepscalelm_constants_keep_the_streams_moment_and_follow_k_over_n():
+    _, scheme = build("deepscalelm", 48)
+    assert scheme.beta("decoder") ** 2 == pytest.approx(2 / 96)  # k = 2 over 2 residual adds per layer
+    assert scheme.alpha("decoder") ** 2 + scheme.beta("decoder") ** 2 == pytest.approx(1.0)
+    _, encdec = build("deepscalelm", 6, "norm.k=1.5", model="encdec")
+    assert encdec.beta("encoder") ** 2 == pytest.approx(1.5 / 12)
+    assert encdec.beta("decoder") ** 2 == pytest.approx(1.5 / 18)  # 3 adds per decoder layer (cross-attention)
+
+
+def test_deepscalelm_blocks_in_both_placements():
+    model, scheme = build("deepscalelm", 8, *WIDE)
+    lam, beta = scheme.alpha("decoder"), scheme.beta("decoder")
+    block, x = model.blocks[2].attn, x_like()
+    assert torch.allclose(block(x), lam * x + beta * block.sublayer(block.norm(x)), atol=1e-6)
+    post, scheme = build("deepscalelm", 8, *WIDE, "norm.base=post")
+    block = post.blocks[2].ffn
+    assert torch.allclose(block(x), block.norm(lam * x + beta * block.sublayer(x)), atol=1e-6)
+    assert isinstance(post.final_norm, nn.Identity) and isinstance(model.final_norm, nn.LayerNorm)
+
+
+def test_deepscalelm_init_is_the_moment_preserving_formula():
+    from deepnorm_exp.schemes.deepscalelm import ACTIVATION_SECOND_MOMENT
+
+    z = torch.linspace(-12, 12, 400_001, dtype=torch.float64)
+    gaussian = torch.exp(-z ** 2 / 2) / math.sqrt(2 * math.pi)
+    for name, act in (("gelu", nn.functional.gelu), ("swiglu", nn.functional.silu)):
+        assert ACTIVATION_SECOND_MOMENT[name] == pytest.approx(float(torch.trapezoid(act(z) ** 2 * gaussian, z)), abs=1e-4)
+    GELU_SECOND_MOMENT = ACTIVATION_SECOND_MOMENT["gelu"]
+    d, d_ff = 64, 256
+    model, _ = build("deepscalelm", 24, *WIDE, "norm.token_correlation=0.25")
+    block = model.blocks[7]
+    assert role_std(block.attn, "q") == pytest.approx(d ** -0.5, rel=0.05)
+    assert role_std(block.attn, "v") == pytest.approx((math.sqrt(1 / 0.25) / d) ** 0.5, rel=0.05)
+    assert role_std(block.attn, "out") == pytest.approx((2 / d) ** 0.5, rel=0.05)
+    assert role_std(block.ffn, "fc1") == pytest.approx(d ** -0.5, rel=0.05)
+    assert role_std(block.ffn, "fc2") == pytest.approx((1 / (GELU_SECOND_MOMENT * d_ff)) ** 0.5, rel=0.05)
+    assert float(model.embed.token.weight.detach().std()) * 8 == pytest.approx(0.5 ** 0.5, rel=0.05)
+
+
+def test_deepscalelm_keeps_the_streams_second_moment_near_one_at_depth():
+    """The point of the scheme: at init the residual stream's mean square stays about 1 through every block
+    (Pre-LN's grows with depth)."""
+    moments = {}
+    for norm in ("deepscalelm", "pre"):
+        model, _ = build(norm, 48, *WIDE, "norm.init=xavier" if norm == "pre" else "norm.k=2")
+        x, seen = model.embed(torch.randint(3, 256, (4, 32))), []
+        with torch.no_grad():
+            for block in model.blocks:
+                x = block(x)
+                seen.append(float(x.square().mean()))
+        moments[norm] = seen
+    assert all(0.6 < m < 1.6 for m in moments["deepscalelm"]), moments["deepscalelm"]
+    assert moments["pre"][-1] > 3 * moments["pre"][0]
+
+
+# -- ResiDual --------------------------------------------------------------------------------------------
+def test_resi_dual_runs_two_streams_and_joins_them_at_the_output():
+    model, _ = build("resi_dual", 3, *WIDE)
+    tokens = torch.randint(3, 256, (2, 9))
+    with torch.no_grad():
+        e = model.embed(tokens)
+        a, d = e, e.clone()
+        for _, _, _, block in model.residual_blocks():
+            h = block.sublayer(a)
+            a, d = block.norm(a + h), d + h
+        expected = a + model.final_norm.norm(d)
+        assert torch.allclose(model.hidden(tokens), expected, atol=1e-5)
+        # the Post-LN stream alone is a Post-LN model: what per-block measures read (hidden_state)
+        state = model.stream_in(e)
+        for block in model.blocks:
+            state = block.ffn(block.attn(state))
+        assert torch.allclose(block.ffn.hidden_state(state), a, atol=1e-5)
+    # s changes nothing but through LN_f's eps (LN_f(s d) = LN_f(d) at eps 0): the same weights (seeded)
+    small_eps, _ = build("resi_dual", 3, *WIDE, "model.norm_eps=1e-10")
+    scaled, _ = build("resi_dual", 3, *WIDE, "model.norm_eps=1e-10", "norm.dual_scale=0.05")
+    with torch.no_grad():
+        assert torch.allclose(scaled.hidden(tokens), small_eps.hidden(tokens), atol=1e-5)
+
+
+def test_resi_dual_measures_read_the_post_ln_stream():
+    from deepnorm_exp.metrics.blocks import BlockIndex
+    from deepnorm_exp.metrics.probe import Probe
+    from deepnorm_exp.metrics.representation import RepresentationStats, token_cosine
+
+    model, _ = build("resi_dual", 2, *WIDE)
+    tokens = torch.randint(3, 256, (2, 9))
+    values = RepresentationStats(BlockIndex.of(model), Probe({"tokens": tokens}, 2, torch.device("cpu")), 1).measure(model)
+    with torch.no_grad():  # the last block's Post-LN stream, computed by hand
+        state = model.stream_in(model.embed(tokens[:, :-1]))
+        for block in model.blocks:
+            state = block.ffn(block.attn(state))
+    assert values["token_cosine"][-1] == pytest.approx(token_cosine(state[..., :64]), rel=1e-5)
+
+
+# -- nGPT ------------------------------------------------------------------------------------------------
+def test_ngpt_keeps_every_hidden_state_and_matrix_on_the_sphere_through_training(tmp_path):
+    from deepnorm_exp.lifecycle.run import run_experiment
+
+    model, _ = build("ngpt", 3, *WIDE)
+    assert norms_in(model) == [] and all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear))
+    tokens = torch.randint(3, 256, (2, 9))
+    with torch.no_grad():
+        x = model.stream_in(model.embed(tokens))
+        for block in model.blocks:
+            x = block.ffn(block.attn(x))
+            assert torch.allclose(x.norm(dim=-1), torch.ones(2, 9), atol=1e-5)
+        block = model.blocks[1].attn
+        block.alpha.param.zero_()  # alpha = 0: the block is the identity on the sphere
+        h = model.stream_in(model.embed(tokens))
+        assert torch.allclose(block(h), h, atol=1e-6)
+    summary = run_experiment(deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "depth=3",
+                                                    "norm=ngpt", "train.keep_checkpoint=true", "train.ckpt_every=3",
+                                                    "train.lr=1e-2"]),
+                             progress=False)
+    state = torch.load(f"{summary['run_dir']}/checkpoint.pt", weights_only=True)["model"]
+    rows = [k for k in state if k.endswith(("qkv.weight", "fc1.weight", "token.weight", "q.weight", "kv.weight"))]
+    columns = [k for k in state if k.endswith(("out.weight", "fc2.weight"))]
+    assert rows and columns
+    for key in rows:
+        assert torch.allclose(state[key].norm(dim=1), torch.ones(state[key].shape[0]), atol=1e-5), key
+    for key in columns:
+        assert torch.allclose(state[key].norm(dim=0), torch.ones(state[key].shape[1]), atol=1e-5), key
+    alphas = [v for k, v in state.items() if k.endswith("alpha.param")]
+    assert alphas and not all(torch.equal(a, torch.full_like(a, 16 ** -0.5)) for a in alphas)  # they trained

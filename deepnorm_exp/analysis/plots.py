@@ -54,7 +54,7 @@ def depth_axis(ax, depths) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-MAX_COLUMNS = 4  # the zoo has 17 schemes: panels wrap into rows of four
+MAX_COLUMNS = 4  # the zoo has 21 schemes: panels wrap into rows of four
 
 
 def panels(n: int, title: str, width: float = 4.2, height: float = 3.4, sharey: bool = True):

@@ -21,7 +21,7 @@ class DecoderBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, scheme: NormScheme, layer: int):
         super().__init__()
         self.attn = scheme.wrap(SelfAttention.of(cfg), "decoder", layer)
-        self.ffn = scheme.wrap(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation_dropout), "decoder", layer)
+        self.ffn = scheme.wrap(FeedForward.of(cfg), "decoder", layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ffn(self.attn(x))
@@ -39,13 +39,14 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = Embeddings(cfg, scheme, "decoder")
+        self.stream_in = scheme.stream_in(cfg.d_model, "decoder")
         self.blocks = nn.ModuleList(DecoderBlock(cfg, scheme, layer) for layer in range(depths["decoder"]))
         self.final_norm = scheme.final_norm(cfg.d_model, "decoder")
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """The final hidden state, (batch, seq, d_model): what the output head reads."""
         checkpointing = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled()
-        return self.final_norm(run_blocks(self.blocks, self.embed(tokens), checkpointing))
+        return self.final_norm(run_blocks(self.blocks, self.stream_in(self.embed(tokens)), checkpointing))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Next-token logits, (batch, seq, vocab)."""

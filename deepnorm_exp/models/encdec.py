@@ -24,7 +24,7 @@ class EncoderBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, scheme: NormScheme, layer: int):
         super().__init__()
         self.attn = scheme.wrap(SelfAttention.of(cfg, causal=False), "encoder", layer)
-        self.ffn = scheme.wrap(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation_dropout), "encoder", layer)
+        self.ffn = scheme.wrap(FeedForward.of(cfg), "encoder", layer)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         return self.ffn(self.attn(x, key_mask))
@@ -35,7 +35,7 @@ class CrossDecoderBlock(nn.Module):
         super().__init__()
         self.attn = scheme.wrap(SelfAttention.of(cfg), "decoder", layer)
         self.cross = scheme.wrap(CrossAttention.of(cfg), "decoder", layer)
-        self.ffn = scheme.wrap(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation_dropout), "decoder", layer)
+        self.ffn = scheme.wrap(FeedForward.of(cfg), "decoder", layer)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
         return self.ffn(self.cross(self.attn(x), memory, memory_mask))
@@ -54,8 +54,10 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = Embeddings(cfg, scheme, "decoder")  # shared by both stacks and the output head
+        self.encoder_in = scheme.stream_in(cfg.d_model, "encoder")
         self.encoder = nn.ModuleList(EncoderBlock(cfg, scheme, layer) for layer in range(depths["encoder"]))
         self.encoder_norm = scheme.final_norm(cfg.d_model, "encoder")
+        self.decoder_in = scheme.stream_in(cfg.d_model, "decoder")
         self.decoder = nn.ModuleList(CrossDecoderBlock(cfg, scheme, layer) for layer in range(depths["decoder"]))
         self.decoder_norm = scheme.final_norm(cfg.d_model, "decoder")
 
@@ -65,12 +67,12 @@ class EncoderDecoder(nn.Module):
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoder output and its key mask, (batch, 1, 1, src_len), True at real (non-pad) tokens."""
         key_mask = (src != PAD)[:, None, None, :]
-        x = run_blocks(self.encoder, self.embed(src), self._checkpointing(), key_mask)
+        x = run_blocks(self.encoder, self.encoder_in(self.embed(src)), self._checkpointing(), key_mask)
         return self.encoder_norm(x), key_mask
 
     def decoder_hidden(self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
         """The decoder's final hidden state, (batch, tgt_len, d_model)."""
-        x = run_blocks(self.decoder, self.embed(tgt_in), self._checkpointing(), memory, memory_mask)
+        x = run_blocks(self.decoder, self.decoder_in(self.embed(tgt_in)), self._checkpointing(), memory, memory_mask)
         return self.decoder_norm(x)
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,11 @@ def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     return x.view(batch, seq, n_heads, d // n_heads).transpose(1, 2)
 
 
+def _rows(bias: torch.Tensor | None, i: int, width: int) -> torch.Tensor | None:
+    """Rows i * width to (i + 1) * width of a fused bias; None where a scheme removed the biases (nGPT)."""
+    return None if bias is None else bias[i * width:(i + 1) * width]
+
+
 def _merge(y: torch.Tensor) -> torch.Tensor:
     batch, heads, seq, head_dim = y.shape
     return y.transpose(1, 2).reshape(batch, seq, heads * head_dim)
@@ -94,7 +99,7 @@ class SelfAttention(nn.Module):
     def projections(self):
         d = self.d_model
         for i, role in enumerate(("q", "k", "v")):
-            yield role, self.qkv.weight[i * d:(i + 1) * d], self.qkv.bias[i * d:(i + 1) * d]
+            yield role, self.qkv.weight[i * d:(i + 1) * d], _rows(self.qkv.bias, i, d)
         yield "out", self.out.weight, self.out.bias
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -144,8 +149,8 @@ class CrossAttention(nn.Module):
     def projections(self):
         d = self.d_model
         yield "q", self.q.weight, self.q.bias
-        yield "k", self.kv.weight[:d], self.kv.bias[:d]
-        yield "v", self.kv.weight[d:], self.kv.bias[d:]
+        yield "k", self.kv.weight[:d], _rows(self.kv.bias, 0, d)
+        yield "v", self.kv.weight[d:], _rows(self.kv.bias, 1, d)
         yield "out", self.out.weight, self.out.bias
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
@@ -168,23 +173,40 @@ class CrossAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """fc2(act(fc1 x)): `ffn=gelu`, act = gelu; `ffn=swiglu`, fc1 twice as wide, its output split in halves u and
+    v, act = u * silu(v) (Shazeer 2020; LLaMA's, nGPT's)."""
+
     kind = "ffn"
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation_dropout: float = 0.0):
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation_dropout: float = 0.0,
+                 ffn: str = "gelu"):
         super().__init__()
-        self.d_model = d_model
-        self.fc1 = nn.Linear(d_model, d_ff)
+        self.d_model, self.ffn = d_model, ffn
+        self.fc1 = nn.Linear(d_model, 2 * d_ff if ffn == "swiglu" else d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
+        self.act_in = nn.Identity()  # on fc1's output, before the activation: a scheme may scale it (nGPT's s_uv)
         self.activation_drop = nn.Dropout(activation_dropout)  # before a Sub-LN inner norm, as torchscale
         self.inner_width, self.inner_norm = d_ff, nn.Identity()  # before `fc2`: a scheme may set a norm (Sub-LN)
         self.drop = nn.Dropout(dropout)
+
+    @classmethod
+    def of(cls, cfg) -> "FeedForward":
+        """From the `model` section (ModelConfig)."""
+        return cls(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation_dropout, cfg.ffn)
 
     def projections(self):
         yield "fc1", self.fc1.weight, self.fc1.bias
         yield "fc2", self.fc2.weight, self.fc2.bias
 
+    def activation(self, h: torch.Tensor) -> torch.Tensor:
+        if self.ffn == "swiglu":
+            u, v = h.chunk(2, dim=-1)
+            return u * F.silu(v)
+        return F.gelu(h)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.inner_norm(self.activation_drop(F.gelu(self.fc1(x))))))
+        hidden = self.activation_drop(self.activation(self.act_in(self.fc1(x))))
+        return self.drop(self.fc2(self.inner_norm(hidden)))
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
@@ -214,6 +236,7 @@ class Embeddings(nn.Module):
             self.register_buffer("pos", sinusoidal_positions(cfg.max_seq_len, cfg.d_model), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.softcap = cfg.logit_softcap
+        self.logit_scale = scheme.logit_scale(cfg.vocab_size, cfg.d_model, stack)  # identity but where a scheme scales (nGPT's s_z)
         self.head = None
         if not cfg.tie_embeddings:
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -224,7 +247,8 @@ class Embeddings(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output logits, soft-capped where `model.logit_softcap` says."""
-        return softcap(F.linear(hidden, self.head.weight if self.head is not None else self.token.weight), self.softcap)
+        logits = F.linear(hidden, self.head.weight if self.head is not None else self.token.weight)
+        return softcap(self.logit_scale(logits), self.softcap)
 
 
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool, *args) -> torch.Tensor:

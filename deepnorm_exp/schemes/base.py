@@ -25,6 +25,7 @@ class Sublayer(Protocol):
     d_model: int
     inner_width: int
     inner_norm: nn.Module
+    drop: nn.Dropout  # on G(x), the sublayer's last step (its p: DeepScaleLM's init)
 
     def projections(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor | None]]:
         """(role, weight, bias) for each projection; roles: q, k, v, out, fc1, fc2."""
@@ -78,6 +79,7 @@ class NormScheme:
     """
 
     Config = SchemeConfig
+    shardable = True  # FSDP2 may shard its weights (nGPT's post-step renormalisation needs whole matrices)
 
     def __init__(self, cfg: SchemeConfig, depths: Mapping[str, int], eps: float):
         self.cfg = cfg
@@ -111,8 +113,19 @@ class NormScheme:
         """The block that combines x and G(x); called after `init_sublayer`."""
         raise NotImplementedError
 
+    def stream_in(self, d_model: int, stack: str) -> nn.Module:
+        """Turns the embedding into the residual state the first block reads (identity: the state is the
+        hidden stream). A scheme with more than one stream (ResiDual) packs them on the last dimension; its
+        blocks then offer `hidden_state(state)`, the part per-block measures read, and its `final_norm`
+        turns the state back into d_model-wide hidden states. nGPT puts the embedding on the sphere here."""
+        return nn.Identity()
+
     def final_norm(self, d_model: int, stack: str) -> nn.Module:
         """Applied to a stack's output (Pre-LN needs one; Post-LN's output is already normalized)."""
+        return nn.Identity()
+
+    def logit_scale(self, vocab_size: int, d_model: int, stack: str) -> nn.Module:
+        """Applied to the output logits, before a soft-cap (nGPT's learned s_z; identity for the rest)."""
         return nn.Identity()
 
     def wrap(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
@@ -125,8 +138,13 @@ class NormScheme:
         """Called once when the model is built, with a training batch (Admin's profiling); also for a resumed
         run, before its checkpoint is loaded, so the model then holds theta_0 exactly (deterministic: eval mode)."""
 
-    def param_groups(self, model: nn.Module, lr: float) -> list[dict] | None:
-        """Optimizer parameter groups, for schemes with their own learning-rate rule (None: one group)."""
+    def after_optimizer_step(self, model: nn.Module) -> None:
+        """Called after every optimizer step that changed the weights (torch's step post-hook; a step fp16's
+        scaler skips is not one): nGPT puts its weights back on the sphere here."""
+
+    def param_groups(self, model: nn.Module, lr: float, eps: float) -> list[dict] | None:
+        """Optimizer parameter groups, for schemes with their own learning-rate or Adam-epsilon rule, given the
+        run's `train.lr` and `train.adam_eps` (None: one group)."""
         return None
 
     # --- initialisation -------------------------------------------------------------------------
