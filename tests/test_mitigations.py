@@ -169,7 +169,9 @@ def test_weight_decay_is_decoupled_adamw_shrinking_every_weight_by_lr_times_deca
 
 # --- every scheme with every mitigation -------------------------------------------------------------------
 IN_PLACE = {  # what each mitigation's key must have put where it acts (its effect is tested above)
-    "qk_norm": lambda net, trainer: all(isinstance(m.q_norm, torch.nn.LayerNorm) for m in attentions(net)),
+    # the norm itself, or inside the scheme's own q and k step (nGPT normalises after it)
+    "qk_norm": lambda net, trainer: all(any(isinstance(n, torch.nn.LayerNorm) for n in m.q_norm.modules())
+                                        for m in attentions(net)),
     "attn_softcap": lambda net, trainer: all(m.softcap == 50 for m in attentions(net)),
     "logit_softcap": lambda net, trainer: net.embed.softcap == 30,
     "z_loss": lambda net, trainer: trainer.z_loss == 1e-4,
