@@ -267,3 +267,69 @@ def test_ngpt_renormalises_every_matrix_as_the_official_normalize_matrices():
             w = getattr(block, name).weight
             w.data.copy_(official_justnorm(w.data + 0.3, 1))
     assert not all(torch.allclose(m, t) for m, t in ngpt_pairs(ours, official))
+
+
+# --- CompleteP: github.com/EleutherAI/nanoGPT-mup, branch completep, 6f8bc3bdc744556141255f810a22387b2255b6c1 -
+def official_completep_block(x, attn, ln_1, mlp, ln_2, depth_multiplier, depth_alpha_exp):
+    """Block.forward in model.py with depth_alpha_enabled: the attention and MLP branches each times
+    1 / depth_multiplier ** depth_alpha_exp (the project's sublayers and norms passed in as the branches)."""
+    residual_scaling = 1 / (depth_multiplier ** depth_alpha_exp)
+    x = x + residual_scaling * attn(ln_1(x))
+    return x + residual_scaling * mlp(ln_2(x))
+
+
+def official_completep_groups(named_params, lr, adam_eps, depth_multiplier, depth_alpha_exp):
+    """configure_optimizers in model.py (mup and depth_alpha enabled, width multiplier 1), then train.py's
+    lr = lr * lr_scale per group: {parameter name: (lr, eps)}. Parameters are sorted by nanoGPT's names, here
+    given by `official_name` (the project's names in nanoGPT's terms)."""
+    depth_lr_scaling = depth_multiplier ** (depth_alpha_exp - 1)
+    width_lr_scaling = 1 / 1.0
+    adam_eps *= (1 / 1.0) * (depth_multiplier ** (-1 * depth_alpha_exp))
+    scale = {"emb": 1.0, "hidden_ln": depth_lr_scaling, "hidden_weight": width_lr_scaling * depth_lr_scaling,
+             "hidden_bias": depth_lr_scaling, "final_ln": 1.0}
+    return {name: (lr * scale[official_name(name)], adam_eps) for name, _ in named_params}
+
+
+def official_name(name: str) -> str:
+    """The project's parameter names in the categories nanoGPT's name tests give (wte: emb; '.ln_': the
+    blocks' norms; c_attn, c_fc, c_proj weights and biases; ln_f)."""
+    if name.startswith("embed."):
+        return "emb"
+    if name.startswith("final_norm."):
+        return "final_ln"
+    if ".norm." in name:
+        return "hidden_ln"
+    return "hidden_weight" if name.endswith("weight") else "hidden_bias"
+
+
+@pytest.mark.parametrize("depth_alpha", [0.5, 1.0])
+def test_completep_equals_the_official_block_and_optimizer_rules(depth_alpha):
+    depth, base, lr, eps = 24, 3, 2e-3, 1e-8
+    cfg = deepnorm_exp.compose(["norm=completep", f"depth={depth}", *WIDE, f"norm.depth_alpha={depth_alpha}",
+                                f"norm.base_depth={base}"])
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(cfg).double()
+    block = model.blocks[4]
+    x = torch.randn(2, 7, 64, dtype=torch.float64)
+    official = official_completep_block(x, block.attn.sublayer, block.attn.norm, block.ffn.sublayer, block.ffn.norm,
+                                        depth / base, depth_alpha)
+    assert torch.allclose(block(x), official, rtol=1e-14, atol=1e-14)
+
+    groups = deepnorm_exp.build.make_scheme(cfg).param_groups(model, lr, eps)
+    ours = {id(p): (g["lr"], g["eps"]) for g in groups for p in g["params"]}
+    theirs = official_completep_groups(model.named_parameters(), lr, eps, depth / base, depth_alpha)
+    for name, p in model.named_parameters():
+        our_lr, our_eps = ours[id(p)]
+        their_lr, their_eps = theirs[name]
+        assert our_lr == pytest.approx(their_lr, rel=1e-12), name
+        if official_name(name) in ("emb", "final_ln"):  # the paper's rule: eps scaled in the blocks only
+            assert our_eps == pytest.approx(their_eps * (depth / base) ** depth_alpha, rel=1e-12), name
+        else:
+            assert our_eps == pytest.approx(their_eps, rel=1e-12), name
+    # negative control: the official exponent 1% off shows in the block and in the blocks' eps
+    wrong = official_completep_block(x, block.attn.sublayer, block.attn.norm, block.ffn.sublayer, block.ffn.norm,
+                                     depth / base, depth_alpha * 1.01)
+    assert not torch.allclose(block(x), wrong, rtol=1e-8, atol=1e-8)
+    wrong_groups = official_completep_groups(model.named_parameters(), lr, eps, depth / base, depth_alpha * 1.01)
+    name = "blocks.0.attn.sublayer.out.weight"
+    assert ours[id(dict(model.named_parameters())[name])][1] != pytest.approx(wrong_groups[name][1], rel=1e-6)

@@ -8,22 +8,21 @@ from torch import nn
 
 
 class BranchScaledResidual(nn.Module):
-    """x + scale * G(norm(x)). `learnable`: scale is a trained scalar (ReZero, SkipInit), else a constant."""
+    """x + scale * G(norm(x)). `learnable`: scale is a trained scalar (ReZero, SkipInit), else a constant, kept
+    as a Python float so that it multiplies at the model's precision (an fp32 buffer would round it before an
+    fp64 model sees it)."""
 
     def __init__(self, sublayer: nn.Module, norm: nn.Module, scale: float, learnable: bool):
         super().__init__()
         self.sublayer, self.norm = sublayer, norm
-        if learnable:
-            self.scale = nn.Parameter(torch.tensor(float(scale)))
-        else:
-            self.register_buffer("scale", torch.tensor(float(scale)), persistent=False)
+        self.scale = nn.Parameter(torch.tensor(float(scale))) if learnable else float(scale)
 
     def forward(self, x, *args, **kwargs):
         return x + self.scale * self.sublayer(self.norm(x), *args, **kwargs)
 
     def extra_repr(self) -> str:
         kind = "learnable" if isinstance(self.scale, nn.Parameter) else "fixed"
-        return f"scale={self.scale.item():.6g} ({kind})"
+        return f"scale={float(self.scale):.6g} ({kind})"
 
 
 class PlainResidual(nn.Module):
