@@ -333,3 +333,39 @@ def test_completep_equals_the_official_block_and_optimizer_rules(depth_alpha):
     wrong_groups = official_completep_groups(model.named_parameters(), lr, eps, depth / base, depth_alpha * 1.01)
     name = "blocks.0.attn.sublayer.out.weight"
     assert ours[id(dict(model.named_parameters())[name])][1] != pytest.approx(wrong_groups[name][1], rel=1e-6)
+
+
+# --- ResiDual: github.com/microsoft/ResiDual, resi_dual/ at 8682f7510be105a0caf5b98a021e712f44f90ace ------------
+def official_resi_dual_stack(x, sublayers, layer_norm, res_input_norm_scale=1.0, alpha=1.0):
+    """ResiDualEncoder.forward (resi_dual.py) around ResiDualEncoderLayer.forward (resi_dual_layers.py), with
+    each layer's two sublayers given as (branch, its post-LN) pairs in order, dropout off:
+    res = x * scale; per sublayer: xr = x, x = branch(x), res = res + x * scale, x = LN(x + xr);
+    then x * alpha + layer_norm(res)."""
+    res = x * res_input_norm_scale
+    for branch, post_ln in sublayers:
+        xr = x
+        x = branch(x)
+        res = res + x * res_input_norm_scale
+        x = post_ln(x + xr)
+    return x * alpha + layer_norm(res)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("depth", [2, 12])
+def test_resi_dual_equals_the_official_stack(depth, dtype, tol):
+    cfg = deepnorm_exp.compose(["norm=resi_dual", f"depth={depth}", *WIDE, "norm.dual_scale=0.05"])
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(cfg).to(dtype)
+    with torch.no_grad():  # every LayerNorm away from (1, 0), so each is the one it should be
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.normal_(1.0, 0.2)
+                module.bias.normal_(0.0, 0.2)
+    tokens = torch.randint(0, cfg.data.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    embedding = model.embed(tokens)
+    pairs = [(block.sublayer, block.norm) for *_, block in model.residual_blocks()]
+    official = official_resi_dual_stack(embedding, pairs, model.final_norm.norm, 0.05)
+    assert torch.allclose(model.hidden(tokens), official, rtol=tol, atol=tol)
+    # negative control: the official output weight on the Post-LN stream 1% off
+    wrong = official_resi_dual_stack(embedding, pairs, model.final_norm.norm, 0.05, alpha=1.01)
+    assert not torch.allclose(model.hidden(tokens), wrong, rtol=tol, atol=tol)
