@@ -435,11 +435,11 @@ def test_resi_dual_runs_two_streams_and_joins_them_at_the_output():
             a, d = block.norm(a + h), d + h
         expected = a + model.final_norm.norm(d)
         assert torch.allclose(model.hidden(tokens), expected, atol=1e-5)
-        # the Post-LN stream alone is a Post-LN model: what per-block measures read (hidden_state)
+        # the Post-LN stream alone is a Post-LN model, carried in the state's first half
         state = model.stream_in(e)
         for block in model.blocks:
             state = block.ffn(block.attn(state))
-        assert torch.allclose(block.ffn.hidden_state(state), a, atol=1e-5)
+        assert torch.allclose(state[..., :64], a, atol=1e-5)
     # s changes nothing but through LN_f's eps (LN_f(s d) = LN_f(d) at eps 0): the same weights (seeded)
     small_eps, _ = build("resi_dual", 3, *WIDE, "model.norm_eps=1e-10")
     scaled, _ = build("resi_dual", 3, *WIDE, "model.norm_eps=1e-10", "norm.dual_scale=0.05")
@@ -447,7 +447,7 @@ def test_resi_dual_runs_two_streams_and_joins_them_at_the_output():
         assert torch.allclose(scaled.hidden(tokens), small_eps.hidden(tokens), atol=1e-5)
 
 
-def test_resi_dual_measures_read_the_post_ln_stream():
+def test_resi_dual_measures_read_what_the_head_would_see():
     from deepnorm_exp.metrics.blocks import BlockIndex
     from deepnorm_exp.metrics.probe import Probe
     from deepnorm_exp.metrics.representation import RepresentationStats, token_cosine
@@ -459,7 +459,10 @@ def test_resi_dual_measures_read_the_post_ln_stream():
         state = model.stream_in(model.embed(tokens[:, :-1]))
         for block in model.blocks:
             state = block.ffn(block.attn(state))
-    assert values["token_cosine"][-1] == pytest.approx(token_cosine(state[..., :64]), rel=1e-5)
+    a, d = state[..., :64], state[..., 64:]
+    hidden = a + nn.functional.layer_norm(d, (64,))  # what the head would read were the stack to end here
+    assert values["token_cosine"][-1] == pytest.approx(token_cosine(hidden), rel=1e-5)
+    assert values["token_cosine"][-1] != pytest.approx(token_cosine(a), rel=1e-3)
 
 
 # -- nGPT ------------------------------------------------------------------------------------------------

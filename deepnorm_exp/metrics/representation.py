@@ -63,7 +63,7 @@ class RepresentationStats(PerBlockProbe):
     @staticmethod
     def _block_hook(values: dict, i: int):
         def hook(module, args, output):
-            output = getattr(module, "hidden_state", lambda state: state)(output)  # ResiDual: its Post-LN stream
+            output = getattr(module, "hidden_state", lambda state: state)(output)  # ResiDual: a + LN(d)
             values["token_cosine"][i] = token_cosine(output)
             values["act_max"][i] = float(output.detach().abs().max())
             values["act_kurtosis"][i] = kurtosis(output)

@@ -116,8 +116,9 @@ class NormScheme:
     def stream_in(self, d_model: int, stack: str) -> nn.Module:
         """Turns the embedding into the residual state the first block reads (identity: the state is the
         hidden stream). A scheme with more than one stream (ResiDual) packs them on the last dimension; its
-        blocks then offer `hidden_state(state)`, the part per-block measures read, and its `final_norm`
-        turns the state back into d_model-wide hidden states. nGPT puts the embedding on the sphere here."""
+        blocks then offer `hidden_state(state)`, the d_model-wide view per-block measures read, and its
+        `final_norm` turns the state back into d_model-wide hidden states. nGPT puts the embedding on the
+        sphere here."""
         return nn.Identity()
 
     def final_norm(self, d_model: int, stack: str) -> nn.Module:

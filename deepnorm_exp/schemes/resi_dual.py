@@ -10,7 +10,7 @@ Per sublayer i of a stack, e the embedding:
 
 s (`norm.dual_scale`) changes nothing in exact arithmetic (LN_f(s d) = LN_f(d) up to eps): the official code
 sets 0.05 for its fp16 run so the unnormalised stream stays in range. The state between blocks holds both
-streams, (..., 2 d_model): a, then d; blocks offer `hidden_state` (a) to what measures them. Every sublayer of
+streams, (..., 2 d_model): a, then d; blocks offer `hidden_state` (a + LN(d)) to what measures them. Every sublayer of
 both stacks, cross-attention included, as in the code. Where it differs here: the official init is fairseq's
 (q, k, v Xavier-uniform gain 1/sqrt(2); fc1, fc2 PyTorch's default), here the zoo's Xavier-normal; LN_f's eps
 is 1e-7 there, `model.norm_eps` here; its output weight on a_M (`alpha`, 1 in every config) is left out.
@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
@@ -65,8 +66,11 @@ class DualStreamResidual(nn.Module):
 
     @staticmethod
     def hidden_state(state: torch.Tensor) -> torch.Tensor:
-        """The Post-LN stream a, the block's hidden state: what per-block measures read."""
-        return state.chunk(2, dim=-1)[0]
+        """What per-block measures read: a + LN(d), what the head would see were the stack to end here (up to
+        LN_f's gain and bias, which belong to the stack's exit, not to this block). The Post-LN stream alone
+        can collapse at init while the output does not: a measure of a would misread the model."""
+        a, d = state.chunk(2, dim=-1)
+        return a + F.layer_norm(d, d.shape[-1:])
 
 
 class DualStreamExit(nn.Module):
