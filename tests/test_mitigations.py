@@ -47,7 +47,7 @@ def trainer_of(cfg, net, batches, steps, callbacks=()):
     train = parse_section(TrainConfig, cfg.train, "train")
     scheme = make_scheme(cfg)
     scheme.prepare(net, batches[0])
-    optimizer = build_optimizer(net, train, scheme.param_groups(net, train.lr, train.adam_eps))
+    optimizer = build_optimizer(net, train, scheme)
     return Trainer(model=net, optimizer=optimizer, scheduler=build_scheduler(optimizer, train), batches=iter(batches),
                    steps=steps, device=CPU, z_loss=train.z_loss, callbacks=list(callbacks))
 
@@ -170,7 +170,7 @@ def test_weight_decay_is_decoupled_adamw_shrinking_every_weight_by_lr_times_deca
 # --- every scheme with every mitigation -------------------------------------------------------------------
 IN_PLACE = {  # what each mitigation's key must have put where it acts (its effect is tested above)
     # the norm itself, or inside the scheme's own q and k step (nGPT normalises after it)
-    "qk_norm": lambda net, trainer: all(any(isinstance(n, torch.nn.LayerNorm) for n in m.q_norm.modules())
+    "qk_norm": lambda net, trainer: all(isinstance(getattr(m.q_norm, "before", m.q_norm), torch.nn.LayerNorm)
                                         for m in attentions(net)),
     "attn_softcap": lambda net, trainer: all(m.softcap == 50 for m in attentions(net)),
     "logit_softcap": lambda net, trainer: net.embed.softcap == 30,

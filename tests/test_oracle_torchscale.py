@@ -23,24 +23,32 @@ import deepnorm_exp
 from deepnorm_exp.schemes.base import xavier_std
 
 
-def _timm_stand_in() -> None:
+def _import_torchscale():
+    """torchscale's classes, timm stood in for while they import (and removed from sys.modules after)."""
+    stand_in = {}
     try:
         import timm.models.layers  # noqa: F401
     except Exception:  # not installed, or installed without torchvision
         def drop_path(*args, **kwargs):
             raise AssertionError("torchscale called drop_path: the oracle must run with drop_path_rate 0")
 
-        layers = types.ModuleType("timm.models.layers")
-        layers.drop_path = drop_path
-        for name in ("timm", "timm.models"):
-            sys.modules[name] = types.ModuleType(name)
-        sys.modules["timm.models.layers"] = layers
+        stand_in = {name: types.ModuleType(name) for name in ("timm", "timm.models", "timm.models.layers")}
+        stand_in["timm.models.layers"].drop_path = drop_path
+        sys.modules.update(stand_in)
+    try:
+        from torchscale.architecture.config import DecoderConfig, EncoderDecoderConfig
+        from torchscale.architecture.decoder import Decoder
+        from torchscale.architecture.encoder_decoder import EncoderDecoder
+    except ImportError as err:
+        raise ImportError(f"{err}: the oracle needs torchscale 0.3.0 and fairscale, which `make install` puts in "
+                          "with --no-deps (the Makefile's ORACLES)") from err
+    finally:
+        for name in stand_in:
+            del sys.modules[name]
+    return DecoderConfig, EncoderDecoderConfig, Decoder, EncoderDecoder
 
 
-_timm_stand_in()
-from torchscale.architecture.config import DecoderConfig, EncoderDecoderConfig  # noqa: E402
-from torchscale.architecture.decoder import Decoder  # noqa: E402
-from torchscale.architecture.encoder_decoder import EncoderDecoder  # noqa: E402
+DecoderConfig, EncoderDecoderConfig, Decoder, EncoderDecoder = _import_torchscale()
 
 D, HEADS, FF = 64, 4, 256
 WIDE = [f"model.d_model={D}", f"model.n_heads={HEADS}", f"model.d_ff={FF}", "model.dropout=0.0"]

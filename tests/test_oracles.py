@@ -242,7 +242,7 @@ def test_ngpt_equals_the_official_blocks_and_head(depth, dtype, tol):
             assert torch.allclose(mine.grad, their.grad, rtol=tol, atol=tol * scale)
     assert torch.allclose(ours.embed.logit_scale.scale.param.grad, official.sz.grad, rtol=tol, atol=tol * scale)
 
-    # negative control: the official attention alpha's init value 1% off in one block
+    # negative control: the official attention alpha's init value 1% off (in every block)
     wrong = OfficialNGPT(depth, 64, 4, cfg.data.vocab_size, attn_alpha_init_value=0.05 * 1.01).to(dtype)
     wrong.load_state_dict(official.state_dict())
     assert not torch.allclose(ours_logits.detach(), wrong(h0), rtol=tol, atol=tol)
@@ -257,15 +257,15 @@ def test_ngpt_renormalises_every_matrix_as_the_official_normalize_matrices():
                 mine.add_(0.3 * torch.randn_like(mine))
         for mine, theirs in ngpt_pairs(ours, official):
             theirs.copy_(mine)
+    drifted = {name: block.weight.detach().clone() for name, block in official.h[0].named_children()
+               if name in ("att_c_proj", "mlp_c_proj")}
     scheme.after_optimizer_step(ours)
     official.normalize_matrices()
     for mine, theirs in ngpt_pairs(ours, official):
         assert torch.allclose(mine, theirs, rtol=1e-12, atol=1e-12), theirs.shape
-    # negative control: the official rule with out and fc2 by rows instead of columns
-    for block in official.h:
-        for name in ("att_c_proj", "mlp_c_proj"):
-            w = getattr(block, name).weight
-            w.data.copy_(official_justnorm(w.data + 0.3, 1))
+    # negative control: the same drifted out and fc2 put on the sphere by rows instead of columns
+    for name, weight in drifted.items():
+        getattr(official.h[0], name).weight.data.copy_(official_justnorm(weight, 1))
     assert not all(torch.allclose(m, t) for m, t in ngpt_pairs(ours, official))
 
 
@@ -350,10 +350,9 @@ def official_resi_dual_stack(x, sublayers, layer_norm, res_input_norm_scale=1.0,
     return x * alpha + layer_norm(res)
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
-@pytest.mark.parametrize("depth", [2, 12])
-def test_resi_dual_equals_the_official_stack(depth, dtype, tol):
-    cfg = deepnorm_exp.compose(["norm=resi_dual", f"depth={depth}", *WIDE, "norm.dual_scale=0.05"])
+def _resi_dual_model(model_kind, depth, dtype):
+    cfg = deepnorm_exp.compose(["norm=resi_dual", f"model={model_kind}", f"depth={depth}", *WIDE,
+                                "norm.dual_scale=0.05"])
     torch.manual_seed(0)
     model = deepnorm_exp.build_model(cfg).to(dtype)
     with torch.no_grad():  # every LayerNorm away from (1, 0), so each is the one it should be
@@ -361,11 +360,54 @@ def test_resi_dual_equals_the_official_stack(depth, dtype, tol):
             if isinstance(module, nn.LayerNorm):
                 module.weight.normal_(1.0, 0.2)
                 module.bias.normal_(0.0, 0.2)
-    tokens = torch.randint(0, cfg.data.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
-    embedding = model.embed(tokens)
-    pairs = [(block.sublayer, block.norm) for *_, block in model.residual_blocks()]
-    official = official_resi_dual_stack(embedding, pairs, model.final_norm.norm, 0.05)
-    assert torch.allclose(model.hidden(tokens), official, rtol=tol, atol=tol)
+    return cfg, model
+
+
+def _official_resi_dual_hidden(model, batch, alpha=1.0):
+    """The official stacks around the project's sublayers: the encoder's, then the decoder's (whose
+    cross-attention reads the encoder's output, as ResiDualDecoderLayer's)."""
+    if "tokens" in batch:
+        pairs = [(block.sublayer, block.norm) for *_, block in model.residual_blocks()]
+        return official_resi_dual_stack(model.embed(batch["tokens"]), pairs, model.final_norm.norm, 0.05, alpha)
+    blocks = list(model.residual_blocks())
+    mask = (batch["src"] != 0)[:, None, None, :]
+    encoder = [((lambda x, b=b: b.sublayer(x, mask)) if name == "attn" else b.sublayer, b.norm)
+               for stack, _, name, b in blocks if stack == "encoder"]
+    memory = official_resi_dual_stack(model.embed(batch["src"]), encoder, model.encoder_norm.norm, 0.05, alpha)
+    decoder = [((lambda x, b=b: b.sublayer(x, memory, mask)) if name == "cross" else b.sublayer, b.norm)
+               for stack, _, name, b in blocks if stack == "decoder"]
+    return official_resi_dual_stack(model.embed(batch["tgt"]), decoder, model.decoder_norm.norm, 0.05, alpha)
+
+
+def _our_resi_dual_hidden(model, batch):
+    if "tokens" in batch:
+        return model.hidden(batch["tokens"])
+    return model.decoder_hidden(batch["tgt"], *model.encode(batch["src"]))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("depth", [2, 12])
+@pytest.mark.parametrize("model_kind", ["decoder", "encdec"])
+def test_resi_dual_equals_the_official_stack(model_kind, depth, dtype, tol):
+    cfg, model = _resi_dual_model(model_kind, depth, dtype)
+    g = torch.Generator().manual_seed(1)
+    batch = ({"tokens": torch.randint(3, cfg.data.vocab_size, (2, 16), generator=g)} if model_kind == "decoder" else
+             {"src": torch.randint(3, cfg.data.vocab_size, (2, 12), generator=g),
+              "tgt": torch.randint(3, cfg.data.vocab_size, (2, 10), generator=g)})
+    if model_kind == "encdec":
+        batch["src"][1, 9:] = 0  # padding, masked as keys
+    grads = []
+    for forward in (_our_resi_dual_hidden, _official_resi_dual_hidden):  # the same parameters, two computations
+        model.zero_grad()
+        hidden = forward(model, batch)
+        hidden.square().mean().backward()
+        grads.append((hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (ours, our_grads), (official, official_grads) = grads
+    assert torch.allclose(ours, official, rtol=tol, atol=tol)
+    assert our_grads.keys() == official_grads.keys()
+    scale = max(g.abs().max().item() for g in our_grads.values())
+    for name, grad in our_grads.items():
+        assert torch.allclose(grad, official_grads[name], rtol=tol, atol=tol * scale), name
     # negative control: the official output weight on the Post-LN stream 1% off
-    wrong = official_resi_dual_stack(embedding, pairs, model.final_norm.norm, 0.05, alpha=1.01)
-    assert not torch.allclose(model.hidden(tokens), wrong, rtol=tol, atol=tol)
+    with torch.no_grad():
+        assert not torch.allclose(ours, _official_resi_dual_hidden(model, batch, alpha=1.01), rtol=tol, atol=tol)

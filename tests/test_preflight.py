@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf, open_dict
 
 import deepnorm_exp
@@ -211,3 +212,41 @@ def test_a_key_that_does_not_change_training_neither_renames_the_run_nor_stops_i
         OmegaConf.update(changed, key, "changed", force_add=True)
         assert trained_config(OmegaConf.to_container(changed)) == trained_config(base), key
         assert section not in TRAINED_KEYS or name, key  # a trained section is never untrained as a whole
+
+
+def _saved_floats_per_token(cfg, depth: int) -> float:
+    """Floats autograd keeps for the backward (parameters excluded), per token, at `depth` layers."""
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.depth = depth
+    model = deepnorm_exp.build_model(cfg)
+    params = {p.data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        if t.dtype.is_floating_point and t.data_ptr() not in params:
+            seen[(t.data_ptr(), t.numel(), t.dtype)] = t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.loss({"tokens": torch.zeros(2, 17, dtype=torch.long)}).loss
+    return sum(seen.values()) / 32
+
+
+@pytest.mark.parametrize("ffn", ["gelu", "swiglu"])
+def test_the_memory_estimate_holds_every_schemes_activations_within_a_factor_of_two(ffn):
+    """Per layer, the estimate's activations are at least what autograd saves and at most twice it: the
+    pre-flight must not pass a model that cannot fit, nor refuse one that can."""
+    from deepnorm_exp.build import make_scheme, model_depths
+    from deepnorm_exp.schemes import SCHEMES
+    from deepnorm_exp.train.memory import estimate
+
+    for norm in SCHEMES.names():
+        cfg = deepnorm_exp.compose([f"norm={norm}", f"model.ffn={ffn}", "train.precision=fp32", "train.batch_size=2",
+                                    "train.seq_len=16", "depth=2"])
+        measured = _saved_floats_per_token(cfg, 4) - _saved_floats_per_token(cfg, 2)
+        estimates = [estimate(cfg, make_scheme(cfg), {**model_depths(cfg), "decoder": depth}, 16, False).activation_bytes
+                     for depth in (2, 4)]
+        estimated = (estimates[1] - estimates[0]) / (2 * 16 * 4)
+        assert measured <= estimated <= 2 * measured, (norm, measured / 64, estimated / 64)

@@ -404,6 +404,9 @@ def test_deepscalelm_init_is_the_moment_preserving_formula():
     assert role_std(block.attn, "out") == pytest.approx((2 / d) ** 0.5, rel=0.05)
     assert role_std(block.ffn, "fc1") == pytest.approx(d ** -0.5, rel=0.05)
     assert role_std(block.ffn, "fc2") == pytest.approx((1 / (GELU_SECOND_MOMENT * d_ff)) ** 0.5, rel=0.05)
+    swiglu, _ = build("deepscalelm", 24, *WIDE, "model.ffn=swiglu", "model.activation_dropout=0.2")
+    assert role_std(swiglu.blocks[7].ffn, "fc2") == pytest.approx(
+        (0.8 / (ACTIVATION_SECOND_MOMENT["swiglu"] * d_ff)) ** 0.5, rel=0.05)
     assert float(model.embed.token.weight.detach().std()) * 8 == pytest.approx(0.5 ** 0.5, rel=0.05)
 
 

@@ -87,8 +87,7 @@ def assemble(parts: RunParts, cfg: DictConfig, runtime: Runtime, scheme: NormSch
     parts.clock = WallClock(started)
     checkpointer = checkpoint.Checkpointer(out_dir, cfg.train.ckpt_every, stop_reason,
                                            extra={"config": OmegaConf.to_container(cfg, resolve=True)})
-    optimizer = build_optimizer(model, cfg.train, scheme.param_groups(model, cfg.train.lr, cfg.train.adam_eps))
-    optimizer.register_step_post_hook(lambda *_: scheme.after_optimizer_step(model))  # nGPT's renormalisation
+    optimizer = build_optimizer(model, cfg.train, scheme)
     parts.trainer = Trainer(
         model=model, objective=objective, runtime=runtime, optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg.train), steps=cfg.train.steps,

@@ -54,10 +54,10 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = Embeddings(cfg, scheme, "decoder")  # shared by both stacks and the output head
-        self.encoder_in = scheme.stream_in(cfg.d_model, "encoder")
+        self.encoder_stream_in = scheme.stream_in(cfg.d_model, "encoder")
         self.encoder = nn.ModuleList(EncoderBlock(cfg, scheme, layer) for layer in range(depths["encoder"]))
         self.encoder_norm = scheme.final_norm(cfg.d_model, "encoder")
-        self.decoder_in = scheme.stream_in(cfg.d_model, "decoder")
+        self.decoder_stream_in = scheme.stream_in(cfg.d_model, "decoder")
         self.decoder = nn.ModuleList(CrossDecoderBlock(cfg, scheme, layer) for layer in range(depths["decoder"]))
         self.decoder_norm = scheme.final_norm(cfg.d_model, "decoder")
 
@@ -67,12 +67,12 @@ class EncoderDecoder(nn.Module):
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoder output and its key mask, (batch, 1, 1, src_len), True at real (non-pad) tokens."""
         key_mask = (src != PAD)[:, None, None, :]
-        x = run_blocks(self.encoder, self.encoder_in(self.embed(src)), self._checkpointing(), key_mask)
+        x = run_blocks(self.encoder, self.encoder_stream_in(self.embed(src)), self._checkpointing(), key_mask)
         return self.encoder_norm(x), key_mask
 
     def decoder_hidden(self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
         """The decoder's final hidden state, (batch, tgt_len, d_model)."""
-        x = run_blocks(self.decoder, self.decoder_in(self.embed(tgt_in)), self._checkpointing(), memory, memory_mask)
+        x = run_blocks(self.decoder, self.decoder_stream_in(self.embed(tgt_in)), self._checkpointing(), memory, memory_mask)
         return self.decoder_norm(x)
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:

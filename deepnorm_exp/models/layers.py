@@ -181,7 +181,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation_dropout: float = 0.0,
                  ffn: str = "gelu"):
         super().__init__()
-        self.d_model, self.ffn = d_model, ffn
+        self.d_model, self.activation_kind = d_model, ffn
         self.fc1 = nn.Linear(d_model, 2 * d_ff if ffn == "swiglu" else d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
         self.act_in = nn.Identity()  # on fc1's output, before the activation: a scheme may scale it (nGPT's s_uv)
@@ -199,7 +199,7 @@ class FeedForward(nn.Module):
         yield "fc2", self.fc2.weight, self.fc2.bias
 
     def activation(self, h: torch.Tensor) -> torch.Tensor:
-        if self.ffn == "swiglu":
+        if self.activation_kind == "swiglu":
             u, v = h.chunk(2, dim=-1)
             return u * F.silu(v)
         return F.gelu(h)

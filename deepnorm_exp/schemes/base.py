@@ -26,6 +26,9 @@ class Sublayer(Protocol):
     inner_width: int
     inner_norm: nn.Module
     drop: nn.Dropout  # on G(x), the sublayer's last step (its p: DeepScaleLM's init)
+    # attention only: n_heads, and q_norm, k_norm, v_norm (per head; identities unless set);
+    # FFN only: act_in (on fc1's output, before the activation), activation_kind ("gelu" | "swiglu"),
+    # activation_drop (on the hidden activation)
 
     def projections(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor | None]]:
         """(role, weight, bias) for each projection; roles: q, k, v, out, fc1, fc2."""
@@ -80,6 +83,10 @@ class NormScheme:
 
     Config = SchemeConfig
     shardable = True  # FSDP2 may shard its weights (nGPT's post-step renormalisation needs whole matrices)
+    # the memory estimate (train/memory.py): what the scheme's own operations add to a layer's saved
+    # activations, as a factor, and the residual state's width in d_model (ResiDual carries two streams)
+    activation_factor = 1.0
+    state_width = 1
 
     def __init__(self, cfg: SchemeConfig, depths: Mapping[str, int], eps: float):
         self.cfg = cfg
@@ -92,7 +99,8 @@ class NormScheme:
         return 1.0
 
     def beta(self, stack: str) -> float:
-        """Init gain for the projections the scheme scales (see `gain`)."""
+        """The scheme's second constant: DeepNorm's and Sub-LN's init gain for the projections they scale
+        (see `gain`), DeepScaleLM's branch multiplier."""
         return 1.0
 
     def constants(self) -> dict[str, dict[str, float]]:

@@ -8,14 +8,15 @@ every residual add keeps the stream's second moment at 1, and the init makes eve
     encoder-decoder decoder layer), k = `norm.k` (2: beta^2 = 1 / L in a decoder, what the official code's
     defaults give at its 192 layers: beta^2 = 0.005)
 
-Init, each draw N(0, std^2) with biases 0, d = d_model, p = the sublayer's dropout:
+Init, each draw N(0, std^2) with biases 0, d = d_model, p = the sublayer's dropout (fc2: times the hidden
+activation's keep rate, `model.activation_dropout`, in 1 - p):
     q, k         std = d^-1/2                      (unit-variance queries and keys)
     v, out       std = ((1 - p)^1/2 / (r^1/2 d))^1/2 each, r = `norm.token_correlation`
     fc1          std = d^-1/2                      (unit-variance pre-activations)
     fc2          std = ((1 - p) / (mu2 d_ff))^1/2, mu2 = E[gelu(z)^2] = 0.4252 for z ~ N(0, 1)
                  (`model.ffn=swiglu`: E[silu(z)^2] = 0.3558)
     embeddings   second moment 1/2 per coordinate after the sqrt(d) scale: with the sinusoidal table's 1/2
-                 their sum enters the first block with moment 1
+                 their sum enters the first block with moment 1 (learned positions, unscaled, add about 0)
 Where this departs from the official code (a Megatron BERT built to plot signal propagation) and why:
 - beta^2 there is two command-line constants (0.995, 0.005), not computed from depth; here k / N.
 - Its FFN is ReLU, with the moment split evenly between fc1 and fc2 (std ((1 - p) / 2)^1/4 / d^1/2 each for
@@ -109,7 +110,8 @@ class DeepScaleLM(PostOrPre):
             return d ** -0.5
         if role in ("v", "out"):
             return (math.sqrt(keep / self.cfg.token_correlation) / d) ** 0.5
-        return (keep / (ACTIVATION_SECOND_MOMENT[sublayer.ffn] * sublayer.inner_width)) ** 0.5  # fc2
+        keep *= 1 - sublayer.activation_drop.p  # the hidden activation's dropout scales its moment too
+        return (keep / (ACTIVATION_SECOND_MOMENT[sublayer.activation_kind] * sublayer.inner_width)) ** 0.5  # fc2
 
     @torch.no_grad()
     def init_sublayer(self, sublayer: Sublayer, stack: str, layer: int) -> None:

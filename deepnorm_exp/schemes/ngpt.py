@@ -14,7 +14,7 @@ does: a parameter p starts at 1/sqrt(d_model) and acts as p (init / (1/sqrt(d_mo
 are sqrt(d_model) larger on the value used; the alphas act through |.|, as in the code. s_uv is stored at 1.
 After every optimizer step (and at init) each matrix is put back on the sphere along its d_model axis: q, k,
 v, fc1, the embedding and an untied head by rows; out and fc2 by columns (official train.py,
-normalize_matrices). Its recipe has no warm-up and no weight decay: `train.warmup_steps=0` (weight decay is
+normalize_matrices); learned positions (`model.positions=learned`, not in the official model) by rows too. Its recipe has no warm-up and no weight decay: `train.warmup_steps=0` (weight decay is
 off by default).
 
 Where this differs from the official code: positions are the project's (sinusoidal, added to the embedding
@@ -115,13 +115,20 @@ class SphereResidual(nn.Module):
 
 @torch.no_grad()
 def to_sphere(weight: torch.Tensor, role: str) -> None:
-    """Rows on the sphere for the input-side roles (and any other matrix, the embedding's), columns for out, fc2."""
-    weight.div_(weight.norm(dim=0 if role in COLUMN_ROLES else 1, keepdim=True))
+    """Each row (q, k, v, fc1; "table": the embedding, an untied head, learned positions) or each column
+    (out, fc2) of `weight` on the unit sphere: the d_model axis of every matrix."""
+    if role in ROW_ROLES or role == "table":
+        weight.div_(weight.norm(dim=1, keepdim=True))
+    elif role in COLUMN_ROLES:
+        weight.div_(weight.norm(dim=0, keepdim=True))
+    else:
+        raise ValueError(f"nGPT has no sphere rule for the role {role!r}")
 
 
 @register("ngpt")
 class NGPT(NormScheme):
     Config = NGPTConfig
+    activation_factor = 1.5  # its normalisations save 2.3x what Pre-LN's blocks do (tests/test_preflight.py)
     cfg: NGPTConfig
     shardable = False
 
@@ -160,7 +167,7 @@ class NGPT(NormScheme):
     @torch.no_grad()
     def init_embedding(self, weight: torch.Tensor, stack: str) -> None:
         nn.init.normal_(weight)
-        to_sphere(weight, "embedding")
+        to_sphere(weight, "table")
 
     @torch.no_grad()
     def after_optimizer_step(self, model: nn.Module) -> None:
@@ -169,6 +176,6 @@ class NGPT(NormScheme):
             for role, weight, _ in block.sublayer.projections():
                 to_sphere(weight, role)
             in_blocks.update(id(p) for p in block.parameters())
-        for module in model.modules():  # the embedding, and the output head where it is not tied
-            if isinstance(module, (nn.Embedding, nn.Linear)) and id(module.weight) not in in_blocks:
-                to_sphere(module.weight, "embedding")
+        for p in model.parameters():  # the embedding, an untied head, learned positions: d_model last
+            if p.dim() == 2 and id(p) not in in_blocks:
+                to_sphere(p, "table")

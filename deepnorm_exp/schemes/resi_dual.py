@@ -64,13 +64,13 @@ class DualStreamResidual(nn.Module):
         h = self.sublayer(a, *args, **kwargs)
         return torch.cat([self.norm(a + h), d + self.scale * h], dim=-1)
 
-    @staticmethod
-    def hidden_state(state: torch.Tensor) -> torch.Tensor:
-        """What per-block measures read: a + LN(d), what the head would see were the stack to end here (up to
-        LN_f's gain and bias, which belong to the stack's exit, not to this block). The Post-LN stream alone
-        can collapse at init while the output does not: a measure of a would misread the model."""
+    def hidden_state(self, state: torch.Tensor) -> torch.Tensor:
+        """What per-block measures read: a + N(d), what the head would see were the stack to end here (N the
+        stack's kind of norm, without LN_f's gain and bias, which belong to the stack's exit). The Post-LN
+        stream alone can collapse at init while the output does not: a measure of a would misread the model."""
         a, d = state.chunk(2, dim=-1)
-        return a + F.layer_norm(d, d.shape[-1:])
+        normalise = F.rms_norm if isinstance(self.norm, nn.RMSNorm) else F.layer_norm
+        return a + normalise(d, d.shape[-1:], eps=self.norm.eps)
 
 
 class DualStreamExit(nn.Module):
@@ -88,6 +88,7 @@ class DualStreamExit(nn.Module):
 @register("resi_dual")
 class ResiDual(NormScheme):
     Config = ResiDualConfig
+    state_width = 2
     cfg: ResiDualConfig
 
     def stream_in(self, d_model: int, stack: str) -> nn.Module:

@@ -10,8 +10,11 @@ stack's depth. Training memory is an estimate, printed at the start of every run
   parameter, `metrics.update_norm` / `layer_updates`);
 * activations kept for the backward, per token of the batch: about 10 d_model floats for an attention
   block and 3 d_model + 3 d_ff for a feed-forward block (the saved inputs of LayerNorm, projections and
-  GELU; scaled_dot_product_attention keeps no seq x seq matrix), halved under bf16 autocast, and with
-  activation checkpointing only each layer's input plus one layer's activations; plus the logits.
+  GELU; scaled_dot_product_attention keeps no seq x seq matrix; `model.ffn=swiglu`: 3 d_model + 5 d_ff),
+  times the scheme's `activation_factor` (what its own operations save: nGPT's normalisations,
+  sigma-Reparam's spectral norms), halved under bf16 autocast, and with activation checkpointing only each
+  layer's residual state (`state_width` d_model wide: ResiDual's two streams) plus one layer's activations;
+  plus the logits. tests/test_preflight.py holds every scheme's estimate against the floats autograd saves.
   Fixed costs (the data, the allocator's slack) are not counted: at small sizes the estimate is low.
 
 `make bench` (section `memory`) compares the estimate with the peak memory a run measures.
@@ -28,7 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 
 GIB = 2**30
 STATE_BYTES = 20  # fp32 weight + gradient + Adam exp_avg + exp_avg_sq + the foreach update's temporary
-ACTIVATION_FLOATS = {"attn": lambda d, f: 10 * d, "cross": lambda d, f: 10 * d, "ffn": lambda d, f: 3 * d + 3 * f}
+ACTIVATION_FLOATS = {"attn": lambda d, f, ffn: 10 * d, "cross": lambda d, f, ffn: 10 * d,
+                     "ffn": lambda d, f, ffn: 3 * d + (5 if ffn == "swiglu" else 3) * f}
 
 
 @dataclass
@@ -116,10 +120,11 @@ def estimate(cfg: DictConfig, scheme, depths: dict[str, int], positions: int, we
     tokens = cfg.train.batch_size * positions
     float_bytes = 2 if (cfg.train.precision in ("bf16", "fp16") or (cfg.train.precision == "auto" and cfg.device != "cpu"
                                                           and torch.cuda.is_available())) else 4
-    per_layer_floats = {stack: sum(ACTIVATION_FLOATS[kind](d, f) for kind in kinds)
+    per_layer_floats = {stack: scheme.activation_factor * sum(ACTIVATION_FLOATS[kind](d, f, cfg.model.ffn)
+                                                              for kind in kinds)
                         for stack, kinds in model_shape.blocks.items()}
     if cfg.model.activation_checkpointing:
-        kept = sum(d * depths[stack] for stack in per_layer_floats) + max(per_layer_floats.values())
+        kept = sum(scheme.state_width * d * depths[stack] for stack in per_layer_floats) + max(per_layer_floats.values())
     else:
         kept = sum(per_layer_floats[stack] * depths[stack] for stack in per_layer_floats)
     logits = 3 * cfg.model.vocab_size  # logits, their softmax and its gradient

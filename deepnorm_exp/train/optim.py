@@ -10,11 +10,16 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, LRSc
 from ..config import TrainConfig
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, groups: list[dict] | None = None) -> torch.optim.Optimizer:
-    """AdamW (Adam when weight_decay is 0, the paper's setting: betas 0.9, 0.98); `groups`: a scheme's own
-    parameter groups (their own learning rates), else one group."""
-    return torch.optim.AdamW(groups or model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
-                             weight_decay=cfg.weight_decay, foreach=True)
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, scheme=None) -> torch.optim.Optimizer:
+    """AdamW (Adam when weight_decay is 0, the paper's setting: betas 0.9, 0.98). With the model's
+    normalization `scheme`: its parameter groups (their own learning rates and epsilons, else one group), and
+    its `after_optimizer_step` run after every step that changed the weights (torch's step post-hook)."""
+    groups = scheme.param_groups(model, cfg.lr, cfg.adam_eps) if scheme is not None else None
+    optimizer = torch.optim.AdamW(groups or model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay, foreach=True)
+    if scheme is not None:
+        optimizer.register_step_post_hook(lambda *_: scheme.after_optimizer_step(model))
+    return optimizer
 
 
 def inverse_sqrt(warmup_steps: int):
