@@ -102,3 +102,26 @@ class PausedRun:
     def finish(self, timeout: float = 300) -> subprocess.CompletedProcess:
         out, err = self.proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+
+@pytest.fixture
+def record_deviation(record_property):
+    """`record(what, ours, official)`: the largest |ours - official|, kept on the test's report and listed
+    by the terminal summary, so an oracle test reports the figure it measured and not only that it passed."""
+
+    def record(what: str, ours, official, scale: float = 1.0) -> float:
+        deviation = (ours - official).abs().max().item() / scale
+        record_property(f"deviation: {what}", deviation)
+        return deviation
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter):
+    rows = [(report.nodeid.split("::")[-1], key.removeprefix("deviation: "), value)
+            for report in terminalreporter.stats.get("passed", [])
+            for key, value in report.user_properties if key.startswith("deviation: ")]
+    if rows:
+        terminalreporter.section("largest deviation from the official code (oracle tests)")
+        for test, what, value in rows:
+            terminalreporter.write_line(f"{value:10.2e}  {what:<28} {test}")

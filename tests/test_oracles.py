@@ -57,7 +57,7 @@ def _logits_and_grads(model, tokens):
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("depth", [2, 12])
-def test_dyt_equals_the_official_module_on_pre_ln(depth, dtype, tol):
+def test_dyt_equals_the_official_module_on_pre_ln(depth, dtype, tol, record_deviation):
     """The official recipe is Pre-LN with every LayerNorm converted: built here from the project's Pre-LN
     (Xavier init, as the zoo's) and given the DyT model's weights, it must compute what norm=dyt does."""
     cfg = deepnorm_exp.compose(["norm=dyt", f"depth={depth}", *WIDE])
@@ -77,6 +77,9 @@ def test_dyt_equals_the_official_module_on_pre_ln(depth, dtype, tol):
     tokens = torch.randint(0, cfg.data.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     (ours_logits, ours_grads), (off_logits, off_grads) = (_logits_and_grads(m, tokens) for m in (ours, official))
     assert ours_grads.keys() == off_grads.keys()
+    record_deviation("logits", ours_logits, off_logits)
+    record_deviation("gradients / largest", torch.stack([(g - off_grads[n]).abs().max() for n, g in ours_grads.items()]),
+                     0, max(g.abs().max().item() for g in ours_grads.values()))
     assert torch.allclose(ours_logits, off_logits, rtol=tol, atol=tol)
     for name, grad in ours_grads.items():
         assert torch.allclose(grad, off_grads[name], rtol=tol, atol=tol * grad.abs().max().item()), name
@@ -216,7 +219,7 @@ def _ngpt_pair(depth, dtype):
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("depth", [2, 12])
-def test_ngpt_equals_the_official_blocks_and_head(depth, dtype, tol):
+def test_ngpt_equals_the_official_blocks_and_head(depth, dtype, tol, record_deviation):
     cfg, ours, official = _ngpt_pair(depth, dtype)
     # every parameter of ours has its official counterpart (one s_qk for q and k, as the official sqk)
     assert {id(m) for m, _ in ngpt_pairs(ours, official)} >= {id(p) for p in ours.parameters() if p.dim() == 1}
@@ -224,23 +227,26 @@ def test_ngpt_equals_the_official_blocks_and_head(depth, dtype, tol):
     h0 = ours.stream_in(ours.embed(tokens)).detach()  # the project's embedding on the sphere: the input
     ours_logits = ours(tokens)
     off_logits = official(h0)
+    record_deviation("logits", ours_logits, off_logits)
     assert torch.allclose(ours_logits, off_logits, rtol=tol, atol=tol), (ours_logits - off_logits).abs().max()
     ours_logits.square().mean().backward()
     off_logits.square().mean().backward()
     scale = max(p.grad.abs().max().item() for p in official.parameters() if p.grad is not None)
     # the embedding is tied here and the input h0 there: every other parameter's gradient is compared
+    grads = [(ours.embed.logit_scale.scale.param.grad, official.sz.grad)]
     for block, theirs in zip(ours.blocks, official.h):
         d = 64
         attn, ffn = block.attn.sublayer, block.ffn.sublayer
-        for i, name in enumerate(("query", "key", "value")):
-            assert torch.allclose(attn.qkv.weight.grad[i * d:(i + 1) * d], getattr(theirs, name).weight.grad,
-                                  rtol=tol, atol=tol * scale)
-        for mine, their in [(attn.out.weight, theirs.att_c_proj.weight), (ffn.fc1.weight, theirs.c_fc.weight),
-                            (ffn.fc2.weight, theirs.mlp_c_proj.weight), (attn.q_norm.s_qk.param, theirs.sqk),
-                            (ffn.act_in.scale.param, theirs.suv), (block.attn.alpha.param, theirs.attn_alpha),
-                            (block.ffn.alpha.param, theirs.mlp_alpha)]:
-            assert torch.allclose(mine.grad, their.grad, rtol=tol, atol=tol * scale)
-    assert torch.allclose(ours.embed.logit_scale.scale.param.grad, official.sz.grad, rtol=tol, atol=tol * scale)
+        grads += [(attn.qkv.weight.grad[i * d:(i + 1) * d], getattr(theirs, name).weight.grad)
+                  for i, name in enumerate(("query", "key", "value"))]
+        grads += [(mine.grad, their.grad) for mine, their in [
+            (attn.out.weight, theirs.att_c_proj.weight), (ffn.fc1.weight, theirs.c_fc.weight),
+            (ffn.fc2.weight, theirs.mlp_c_proj.weight), (attn.q_norm.s_qk.param, theirs.sqk),
+            (ffn.act_in.scale.param, theirs.suv), (block.attn.alpha.param, theirs.attn_alpha),
+            (block.ffn.alpha.param, theirs.mlp_alpha)]]
+    record_deviation("gradients / largest", torch.stack([(m - t).abs().max() for m, t in grads]), 0, scale)
+    for mine, their in grads:
+        assert torch.allclose(mine, their, rtol=tol, atol=tol * scale)
 
     # negative control: the official attention alpha's init value 1% off (in every block)
     wrong = OfficialNGPT(depth, 64, 4, cfg.data.vocab_size, attn_alpha_init_value=0.05 * 1.01).to(dtype)
@@ -303,7 +309,7 @@ def official_name(name: str) -> str:
 
 
 @pytest.mark.parametrize("depth_alpha", [0.5, 1.0])
-def test_completep_equals_the_official_block_and_optimizer_rules(depth_alpha):
+def test_completep_equals_the_official_block_and_optimizer_rules(depth_alpha, record_deviation):
     depth, base, lr, eps = 24, 3, 2e-3, 1e-8
     cfg = deepnorm_exp.compose(["norm=completep", f"depth={depth}", *WIDE, f"norm.depth_alpha={depth_alpha}",
                                 f"norm.base_depth={base}"])
@@ -313,6 +319,7 @@ def test_completep_equals_the_official_block_and_optimizer_rules(depth_alpha):
     x = torch.randn(2, 7, 64, dtype=torch.float64)
     official = official_completep_block(x, block.attn.sublayer, block.attn.norm, block.ffn.sublayer, block.ffn.norm,
                                         depth / base, depth_alpha)
+    record_deviation("block output", block(x).detach(), official.detach())
     assert torch.allclose(block(x), official, rtol=1e-14, atol=1e-14)
 
     groups = deepnorm_exp.build.make_scheme(cfg).param_groups(model, lr, eps)
@@ -388,7 +395,7 @@ def _our_resi_dual_hidden(model, batch):
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("depth", [2, 12])
 @pytest.mark.parametrize("model_kind", ["decoder", "encdec"])
-def test_resi_dual_equals_the_official_stack(model_kind, depth, dtype, tol):
+def test_resi_dual_equals_the_official_stack(model_kind, depth, dtype, tol, record_deviation):
     cfg, model = _resi_dual_model(model_kind, depth, dtype)
     g = torch.Generator().manual_seed(1)
     batch = ({"tokens": torch.randint(3, cfg.data.vocab_size, (2, 16), generator=g)} if model_kind == "decoder" else
@@ -403,9 +410,12 @@ def test_resi_dual_equals_the_official_stack(model_kind, depth, dtype, tol):
         hidden.square().mean().backward()
         grads.append((hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (ours, our_grads), (official, official_grads) = grads
+    record_deviation("hidden state", ours, official)
     assert torch.allclose(ours, official, rtol=tol, atol=tol)
     assert our_grads.keys() == official_grads.keys()
     scale = max(g.abs().max().item() for g in our_grads.values())
+    record_deviation("gradients / largest",
+                     torch.stack([(g - official_grads[n]).abs().max() for n, g in our_grads.items()]), 0, scale)
     for name, grad in our_grads.items():
         assert torch.allclose(grad, official_grads[name], rtol=tol, atol=tol * scale), name
     # negative control: the official output weight on the Post-LN stream 1% off
