@@ -106,10 +106,12 @@ class PausedRun:
 
 @pytest.fixture
 def record_deviation(record_property):
-    """`record(what, ours, official)`: the largest |ours - official|, kept on the test's report and listed
-    by the terminal summary, so an oracle test reports the figure it measured and not only that it passed."""
+    """`record(what, ours, official)`: the largest |ours - official| over `scale` (by default the largest
+    |official|), kept on the test's report and listed by the terminal summary, so an oracle test reports the
+    figure it measured and not only that it passed."""
 
-    def record(what: str, ours, official, scale: float = 1.0) -> float:
+    def record(what: str, ours, official, scale: float | None = None) -> float:
+        scale = official.abs().max().item() if scale is None else scale
         deviation = (ours - official).abs().max().item() / scale
         record_property(f"deviation: {what}", deviation)
         return deviation
@@ -122,6 +124,6 @@ def pytest_terminal_summary(terminalreporter):
             for report in terminalreporter.stats.get("passed", [])
             for key, value in report.user_properties if key.startswith("deviation: ")]
     if rows:
-        terminalreporter.section("largest deviation from the official code (oracle tests)")
+        terminalreporter.section("largest deviation from the official code, relative (oracle tests)")
         for test, what, value in rows:
             terminalreporter.write_line(f"{value:10.2e}  {what:<28} {test}")

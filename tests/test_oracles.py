@@ -77,8 +77,9 @@ def test_dyt_equals_the_official_module_on_pre_ln(depth, dtype, tol, record_devi
     tokens = torch.randint(0, cfg.data.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     (ours_logits, ours_grads), (off_logits, off_grads) = (_logits_and_grads(m, tokens) for m in (ours, official))
     assert ours_grads.keys() == off_grads.keys()
-    record_deviation("logits", ours_logits, off_logits)
-    record_deviation("gradients / largest", torch.stack([(g - off_grads[n]).abs().max() for n, g in ours_grads.items()]),
+    record_deviation("logits / largest", ours_logits, off_logits)
+    record_deviation("gradients / largest",
+                     torch.stack([(g - off_grads[n]).abs().max() for n, g in ours_grads.items()]),
                      0, max(g.abs().max().item() for g in ours_grads.values()))
     assert torch.allclose(ours_logits, off_logits, rtol=tol, atol=tol)
     for name, grad in ours_grads.items():
@@ -227,7 +228,7 @@ def test_ngpt_equals_the_official_blocks_and_head(depth, dtype, tol, record_devi
     h0 = ours.stream_in(ours.embed(tokens)).detach()  # the project's embedding on the sphere: the input
     ours_logits = ours(tokens)
     off_logits = official(h0)
-    record_deviation("logits", ours_logits, off_logits)
+    record_deviation("logits / largest", ours_logits, off_logits)
     assert torch.allclose(ours_logits, off_logits, rtol=tol, atol=tol), (ours_logits - off_logits).abs().max()
     ours_logits.square().mean().backward()
     off_logits.square().mean().backward()
@@ -319,7 +320,7 @@ def test_completep_equals_the_official_block_and_optimizer_rules(depth_alpha, re
     x = torch.randn(2, 7, 64, dtype=torch.float64)
     official = official_completep_block(x, block.attn.sublayer, block.attn.norm, block.ffn.sublayer, block.ffn.norm,
                                         depth / base, depth_alpha)
-    record_deviation("block output", block(x).detach(), official.detach())
+    record_deviation("block output / largest", block(x).detach(), official.detach())
     assert torch.allclose(block(x), official, rtol=1e-14, atol=1e-14)
 
     groups = deepnorm_exp.build.make_scheme(cfg).param_groups(model, lr, eps)
@@ -410,7 +411,7 @@ def test_resi_dual_equals_the_official_stack(model_kind, depth, dtype, tol, reco
         hidden.square().mean().backward()
         grads.append((hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (ours, our_grads), (official, official_grads) = grads
-    record_deviation("hidden state", ours, official)
+    record_deviation("hidden state / largest", ours, official)
     assert torch.allclose(ours, official, rtol=tol, atol=tol)
     assert our_grads.keys() == official_grads.keys()
     scale = max(g.abs().max().item() for g in our_grads.values())
