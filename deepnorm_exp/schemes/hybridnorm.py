@@ -9,26 +9,42 @@ its residual taken from the normalised stream:
 
 HybridNorm* (`norm.pre_first=true`) makes block 0 Pre-Norm for both sublayers, its q, k, v norms kept (the
 README's `norm_pos_special_config` for layer 0). The cross-attention of an encoder-decoder is treated as the
-self-attention (the paper's models are decoders). Not ported: its truncated-normal init (std 0.014, out and
-fc2 over sqrt(2 L)); here the zoo's Xavier-normal. `model.qk_norm` puts its norms where this scheme's q and k norms sit: with
-it set, q and k take the mitigation's kind.
+self-attention (the paper's models are decoders). `model.qk_norm` puts its norms where this scheme's q and k
+norms sit: with it set, q and k take the mitigation's kind.
+
+Init: the zoo's Xavier-normal by default, as every scheme without an init of its own. `norm.init=megatron`
+is the authors' training recipe (configs/exps/1.2B-dense-HybriedNorm.yaml: OLMo's `full_megatron`, init_std
+0.013975 = sqrt(2 / (5 d)) at d = 2048, cutoff 3): every projection N(0, sqrt(2 / (5 d))) truncated at 3 std,
+out and fc2 divided by sqrt(2 L); the embedding keeps the project's N(0, 1/d).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from . import register
+from ..errors import ConfigError
 from .base import NormedConfig, Sublayer
 from .branch import PlainResidual
 from .pre import PreNorm, PreNormResidual
+
+INITS = ("xavier", "megatron")
+CUTOFF = 3.0  # OLMo's init_cutoff_factor in the authors' config
 
 
 @dataclass
 class HybridNormConfig(NormedConfig):
     pre_first: bool = False  # true: HybridNorm*, block 0 Pre-Norm in both sublayers (its q, k, v norms kept)
+    init: str = "xavier"  # xavier | megatron (the authors' recipe)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.init not in INITS:
+            raise ConfigError("init", self.init, f"choose one of: {', '.join(INITS)}")
 
 
 class NormedStreamResidual(nn.Module):
@@ -55,6 +71,17 @@ class HybridNorm(PreNorm):
         if sublayer.kind == "ffn":
             return NormedStreamResidual(sublayer, self.norm(sublayer.d_model))
         return PlainResidual(sublayer)
+
+    @torch.no_grad()
+    def init_sublayer(self, sublayer: Sublayer, stack: str, layer: int) -> None:
+        if self.cfg.init == "xavier":
+            return super().init_sublayer(sublayer, stack, layer)
+        base = math.sqrt(2 / (5 * sublayer.d_model))
+        for role, weight, bias in sublayer.projections():
+            std = base / math.sqrt(2 * self.depths[stack]) if role in ("out", "fc2") else base
+            nn.init.trunc_normal_(weight, std=std, a=-CUTOFF * std, b=CUTOFF * std)
+            if bias is not None:
+                bias.zero_()
 
     def _normalise_qkv(self, attention: nn.Module) -> None:
         head_dim = attention.d_model // attention.n_heads
