@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .errors import ConfigError, first_line
+from .errors import ConfigError, first_line, require_choice
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
@@ -264,8 +264,7 @@ def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that would make the run fail or mean nothing."""
     check_resolves(cfg)
     for key, choices in CHOICES.items():
-        if _get(cfg, key) not in choices:
-            raise ConfigError(key, _get(cfg, key), f"choose one of: {', '.join(choices)}")
+        require_choice(key, _get(cfg, key), choices)
     for key in POSITIVE_INTS:
         if _get(cfg, key) <= 0:
             raise ConfigError(key, _get(cfg, key), "must be a positive integer")

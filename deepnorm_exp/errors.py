@@ -39,6 +39,12 @@ class ConfigError(HarnessError, ValueError):
         return type(self), (self.key, self.value, self.allowed)
 
 
+def require_choice(key: str, value: object, choices) -> None:
+    """Refuse `value` for `key` unless it is one of `choices`, which the message lists."""
+    if value not in choices:
+        raise ConfigError(key, value, f"choose one of: {', '.join(choices)}")
+
+
 class RecordError(HarnessError):
     """A record file the run needs is damaged: the message names it and the way out."""
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import deepnorm_exp
+from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.schemes.base import xavier_std
 
 
@@ -77,6 +78,23 @@ def test_schemes_built_on_the_baselines_structure_keep_their_own_init():
     assert pooled_std(projections_by_role(model)["q"]) == pytest.approx(xavier_std(64, 64), rel=0.03)
     with pytest.raises(Exception, match="init"):
         deepnorm_exp.compose(["norm=periln", "+norm.init=fairseq"])  # not a key of theirs
+
+
+def test_hybridnorm_megatron_init_is_the_authors_recipe():
+    """N(0, sqrt(2/(5d))) cut at 3 std (a cut normal's std is 0.9866 of its parameter), out and fc2 over
+    sqrt(2L); the default stays the zoo's Xavier."""
+    depth, d = 12, 64
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=hybridnorm", "norm.init=megatron", f"depth={depth}"]))
+    base, cut = math.sqrt(2 / (5 * d)), 0.9866
+    for role, pairs in projections_by_role(model).items():
+        std = base / math.sqrt(2 * depth) if role in ("out", "fc2") else base
+        assert pooled_std(pairs) == pytest.approx(cut * std, rel=0.03), role
+        assert max(w.abs().max().item() for w, _ in pairs) <= 3 * std, role
+    xavier = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=hybridnorm", f"depth={depth}"]))
+    assert pooled_std(projections_by_role(xavier)["fc2"]) == pytest.approx(xavier_std(256, 64), rel=0.03)
+    with pytest.raises(ConfigError, match="init"):
+        deepnorm_exp.build_model(deepnorm_exp.compose(["norm=hybridnorm", "norm.init=olmo", "depth=2"]))
 
 
 def test_torchscale_preset_scales_pytorch_default_init():

@@ -25,7 +25,7 @@ import torch
 from omegaconf import MISSING
 
 from ..config import check_seed
-from ..errors import ConfigError
+from ..errors import ConfigError, require_choice
 from ..locks import FileLock
 from . import TaskData, register, unigram_loss_from_counts
 from .cache import cache_key, load_entry
@@ -55,8 +55,7 @@ class TokenStreamConfig:
         for key in ("seq_len", "vocab_size", "eval_blocks"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, getattr(self, key), "must be a positive integer")
-        if self.tokenizer not in TOKENIZERS:
-            raise ConfigError("tokenizer", self.tokenizer, f"choose one of: {', '.join(TOKENIZERS)}")
+        require_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "byte" and self.vocab_size != BYTE_VOCAB:
             raise ConfigError("vocab_size", self.vocab_size,
                               f"the byte tokenizer has {BYTE_VOCAB} tokens; data.tokenizer=bpe trains to a size")
@@ -200,8 +199,7 @@ class TextConfig(TokenStreamConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.sample_by not in ("line", "paragraph", "document"):
-            raise ConfigError("sample_by", self.sample_by, "choose one of: line, paragraph, document")
+        require_choice("sample_by", self.sample_by, ("line", "paragraph", "document"))
         try:
             codecs.lookup(self.encoding)
         except LookupError:

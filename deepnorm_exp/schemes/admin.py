@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import require_choice
 from . import register
 from .base import NormedConfig
 from .post import PostNorm
@@ -34,8 +34,7 @@ class AdminConfig(NormedConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.omega not in ("profile", "closed_form"):
-            raise ConfigError("omega", self.omega, "choose one of: profile, closed_form")
+        require_choice("omega", self.omega, ("profile", "closed_form"))
 
 
 class AdminResidual(nn.Module):

@@ -14,6 +14,8 @@ from typing import Iterator, Mapping, Protocol
 import torch
 from torch import nn
 
+from ..errors import require_choice
+
 
 class Sublayer(Protocol):
     """A residual branch G(x): attention or FFN. `projections` names its weights by role. `inner_norm`
@@ -50,10 +52,7 @@ class NormedConfig(SchemeConfig):
     layer: str = "layernorm"  # layernorm | rmsnorm
 
     def __post_init__(self):
-        if self.layer not in NORM_LAYERS:
-            from ..errors import ConfigError
-
-            raise ConfigError("layer", self.layer, f"choose one of: {', '.join(NORM_LAYERS)}")
+        require_choice("layer", self.layer, NORM_LAYERS)
 
 
 BASELINE_INITS = ("fairseq", "xavier")
@@ -68,10 +67,7 @@ class BaselineConfig(NormedConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.init not in BASELINE_INITS:
-            from ..errors import ConfigError
-
-            raise ConfigError("init", self.init, f"choose one of: {', '.join(BASELINE_INITS)}")
+        require_choice("init", self.init, BASELINE_INITS)
 
 
 class NormScheme:

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, require_choice
 from . import register
 from .base import NormedConfig
 from .post import PostNorm
@@ -44,8 +44,7 @@ class DeepNormConfig(NormedConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.constants not in PRESETS:
-            raise ConfigError("constants", self.constants, f"choose one of: {', '.join(PRESETS)}")
+        require_choice("constants", self.constants, PRESETS)
         for key in ("alpha", "beta"):
             value = getattr(self, key)
             if value is not None and not (math.isfinite(value) and value > 0):

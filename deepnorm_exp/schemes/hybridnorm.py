@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from . import register
-from ..errors import ConfigError
+from ..errors import require_choice
 from .base import NormedConfig, Sublayer
 from .branch import PlainResidual
 from .pre import PreNorm, PreNormResidual
@@ -43,8 +43,7 @@ class HybridNormConfig(NormedConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.init not in INITS:
-            raise ConfigError("init", self.init, f"choose one of: {', '.join(INITS)}")
+        require_choice("init", self.init, INITS)
 
 
 class NormedStreamResidual(nn.Module):

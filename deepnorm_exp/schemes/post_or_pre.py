@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import require_choice
 from .base import NormedConfig, NormScheme
 from .post import PostNormResidual
 from .pre import PreNormResidual
@@ -18,8 +18,7 @@ class PostOrPreConfig(NormedConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.base not in ("post", "pre"):
-            raise ConfigError("base", self.base, "choose one of: post, pre")
+        require_choice("base", self.base, ("post", "pre"))
 
 
 class PostOrPre(NormScheme):
