@@ -8,6 +8,9 @@
   write (a full disk) leaves neither a half file nor its temporary.
 * Readers of records never let one damaged file stop the rest: `read_json` and `read_jsonl` warn once,
   naming the file (and line), and give what could be read.
+* A record is input: it may be damaged or hostile. `read_json` and `read_yaml` refuse a file over
+  `MAX_RECORD_BYTES` before reading it, and `read_yaml` reads plain YAML (no aliases, which the harness never
+  writes and which can expand a few kB into millions of nodes; no interpolation: `${oc.env:...}` stays text).
 * A directory of files written together (a data-cache entry, a sharded checkpoint) is verified against a
   manifest of each file's size and SHA-256 taken when it was written (`manifest`, `manifest_damage`): a
   flipped bit, a truncated or missing file is named instead of being read as if it were whole.
@@ -22,12 +25,18 @@ import json
 import logging
 import math
 import os
+import re
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
+
+import yaml
 
 log = logging.getLogger("deepnorm_exp")
 
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+# A summary.json or config.yaml is a few kB (the largest published: 3 kB); a file this large is not one.
+MAX_RECORD_BYTES = 4 * 2**20
 
 
 def utc_now() -> str:
@@ -65,19 +74,39 @@ def loads(text: str) -> Any:
     return decode(json.loads(text))
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once: the mode a plain open() would give a new file
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yields a hidden temporary path beside `path` to write to; renames it onto `path` if the block succeeds
     and removes it if the block fails (a full disk must not keep the space it could not use).
-    (Hidden: readers that list a directory, e.g. pyarrow on layers/, skip names starting with ".". Named by
-    process: concurrent writers of the same file each write their own temporary, and the last rename wins.)"""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    The temporary is created here, exclusively (`mkstemp`: a file or link already at a name is never written
+    through), and the rename replaces `path` itself: a symlink there is replaced, its target left alone.
+    (Hidden: readers that list a directory, e.g. pyarrow on layers/, skip names starting with ".". Named
+    uniquely: concurrent writers of the same file each write their own temporary, and the last rename wins.)"""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temporary = Path(name)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make every record private
+        os.close(fd)
         yield temporary
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def write_text(path: Path, text: str) -> None:
+    """`path` holds `text` (UTF-8), written through `atomic_path`."""
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    with atomic_path(Path(path)) as temporary:
+        temporary.write_bytes(data)
 
 
 def remove_temporaries(directory: Path) -> list[Path]:
@@ -92,20 +121,66 @@ def remove_temporaries(directory: Path) -> list[Path]:
 
 
 def write_json(path: Path, value: Any) -> None:
-    with atomic_path(Path(path)) as temporary:
-        temporary.write_text(dumps(value, indent=2) + "\n")
+    write_text(path, dumps(value, indent=2) + "\n")
 
 
 def read_json(path: Path) -> Optional[Any]:
     """The record at `path`, or None if there is none; a damaged one is named in a warning, never raised."""
     path = Path(path)
     try:
-        return loads(path.read_text(encoding="utf-8"))
+        return loads(read_bounded(path))
     except FileNotFoundError:
         return None
-    except (ValueError, UnicodeDecodeError, OSError) as e:  # JSONDecodeError is a ValueError
-        log.warning("%s is damaged and was skipped (%s: %s)", path, type(e).__name__, str(e).splitlines()[0])
+    except (ValueError, UnicodeDecodeError, OSError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        log.warning("%s is damaged and was skipped (%s: %s)", path, type(e).__name__, first_line(e))
         return None
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+class RecordTooLarge(ValueError):
+    """A record file larger than any the harness writes: not read."""
+
+
+def read_bounded(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> str:
+    """The text of `path`, refused (RecordTooLarge) if it holds more than `max_bytes`: checked before
+    reading, and again on what was read (the file may grow in between)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size > max_bytes:
+            raise RecordTooLarge(f"{os.fstat(f.fileno()).st_size:,} bytes, over the {max_bytes:,} a record may hold")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise RecordTooLarge(f"over the {max_bytes:,} bytes a record may hold")
+    return data.decode("utf-8")
+
+
+class _PlainYaml(yaml.SafeLoader):
+    """Safe YAML without aliases, reading floats as YAML 1.2 does (`1e-3` is a number, as OmegaConf reads
+    it; PyYAML's YAML 1.1 would give a string)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "an alias (*name): records never hold one",
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+_PlainYaml.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*\.[\d_]*(?:[eE][-+]?\d+)?|\.\d[\d_]*(?:[eE][-+]?\d+)?|\d[\d_]*[eE][-+]?\d+"
+               r"|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def read_yaml(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+    """The plain containers of a YAML record (a run's config.yaml, a sweep's multirun.yaml), never
+    interpolated. Raises ValueError (yaml's errors are ValueErrors here) or OSError for a damaged file."""
+    try:
+        return yaml.load(read_bounded(Path(path), max_bytes), Loader=_PlainYaml)  # noqa: S506 - a SafeLoader
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ValueError(f"not plain YAML: {first_line(e)}") from None
 
 
 def read_jsonl(path: Path) -> list[dict]:

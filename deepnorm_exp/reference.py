@@ -24,6 +24,7 @@ from omegaconf import MISSING
 
 from . import config as schema
 from .config import REPO_ROOT
+from .records import write_text
 
 GROUPS_DIR = REPO_ROOT / "conf"
 # Config groups the root config selects (conf/<group>/<option>.yaml), with what choosing one does.
@@ -282,7 +283,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="the page to write (docs/configuration.md)")
     args = parser.parse_args(argv)
-    Path(args.out).write_text(page(), encoding="utf-8")
+    write_text(Path(args.out), page())
     print(f"{args.out}: every configuration key, from the schema")
 
 

@@ -51,11 +51,11 @@ def test_a_stated_commit_is_recorded_as_stated_and_kept_when_packed_again(tmp_pa
     (study / "sweeps.jsonl").write_text('{"at": "2026-12-01T10:00:00+00:00", "event": "start", "overrides": '
                                         '["experiment=s"]}\n{"at": "2026-12-01T10:00:02+00:00", "event": "start", '
                                         '"overrides": ["experiment=s"], "commit": "abc1234"}\n')
-    published.pack(study, stated_commit="0ld5ha")
+    published.pack(study, stated_commit="0dd5bad")
     published.pack(study)
     manifest = published.load(study).manifest
     assert manifest["commits"] == [{"commit": "abc1234", "source": "sweep log"},
-                                   {"commit": "0ld5ha", "source": "stated when packed: its sweep log predates "
+                                   {"commit": "0dd5bad", "source": "stated when packed: its sweep log predates "
                                                                   "commit logging"}]
     assert manifest["commands"] == ["python -m deepnorm_exp -m experiment=s"]
 

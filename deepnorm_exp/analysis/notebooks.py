@@ -11,6 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
+from .. import records
+
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 PARAMETERS_TAG = "parameters"
 
@@ -42,7 +44,7 @@ def execute(path: Path, parameters: dict, out: Optional[Path] = None, timeout: i
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(notebook, out)
+        records.write_text(out, nbformat.writes(notebook))
     return notebook
 
 

@@ -317,8 +317,24 @@ def training_curves(scalars: pd.DataFrame, runs: pd.DataFrame, metric: str = "lo
 def figure_png(fig: Figure, dpi: int = 100) -> bytes:
     import io
 
+    for text in _written_texts(fig):  # titles, labels, legends hold names from records: "$x$" is not mathtext
+        text.set_parse_math(False)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
 
 
+
+
+def _written_texts(fig: Figure) -> list:
+    """The texts the figure's code set (titles, labels, legends), not those its axes' formatters write (tick
+    labels and offsets, which are mathtext on log axes: "$10^{-1}$")."""
+    from matplotlib.text import Text
+
+    formatted = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            formatted.add(axis.offsetText)
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                formatted.update((tick.label1, tick.label2))
+    return [text for text in fig.findobj(Text) if text not in formatted]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -30,6 +31,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from .. import records
+from . import published_schema as schema
 from ..errors import HarnessError
 from ..sweeps.hydra_callbacks import SWEEP_LOG
 from ..lifecycle.summary import FINAL, write_summary
@@ -38,9 +40,11 @@ from ..lifecycle.diagnosis import diagnosed_or_none
 from .runs import (RUN_KEYS, load_events, load_layer_records, load_scalars, needs_diagnosis, run_dirs, run_records,
                    run_row)
 from ..lifecycle.runlock import held_elsewhere
+from ..locks import FileLock
 
 PUBLISHED = "published"  # runs/<study>/published/
 MANIFEST = "manifest.json"
+LOCK = ".published.lock"  # beside published/: held while a pack or a restore writes
 TABLES = ("runs", "scalars", "layers", "events")  # <name>.parquet
 SWEEP_FILES = (SWEEP_LOG, "multirun.yaml", "frontier.json")  # copied as they are, where the sweep wrote them
 FORMAT = 1
@@ -65,6 +69,44 @@ class Published:
     _frames: dict = field(default_factory=dict)
     _by_run: dict = field(default_factory=dict)
     _diagnoses: dict = field(default_factory=dict)  # run_name -> the diagnosis made for it (runs() and summaries())
+
+    def problem(self) -> Optional[str]:
+        """"<file>: <why>" of the first file that breaks published_schema's rules, or None. In order: each
+        table's size from its footer before any table is read whole, the runs before the rows that name them."""
+        tables = [name for name in TABLES if (self.directory / f"{name}.parquet").is_file()]
+        run_names = lambda: set(self.table("runs")["run_name"])  # noqa: E731 - read once runs.parquet passed
+        return schema.first_problem([
+            *[(f"{name}.parquet", lambda name=name: schema.table_size_problem(self.directory / f"{name}.parquet"))
+              for name in tables],
+            (SWEEP_LOG, lambda: schema.sweep_log_problem(self.sweep_log())),
+            (MANIFEST, self._manifest_problem),
+            ("runs.parquet", lambda: schema.runs_problem(self.table("runs"))),
+            *[(f"{name}.parquet", lambda name=name: schema.steps_problem(self.table(name), run_names()))
+              for name in tables if name != "runs"],
+            ("frontier.json", lambda: self._file_problem("frontier.json", records.read_json, schema.frontier_problem)),
+            ("multirun.yaml", lambda: self._file_problem("multirun.yaml", records.read_yaml, lambda _: None)),
+        ])
+
+    def sweep_log(self) -> list[dict]:
+        return records.read_jsonl(self.directory / SWEEP_LOG)
+
+    def _manifest_problem(self) -> Optional[str]:
+        if self.manifest.get("format") != FORMAT:
+            return f"format {str(self.manifest.get('format'))[:20]!r}, not {FORMAT}"
+        if self.manifest.get("runs") != len(self.table("runs")):
+            return f"it counts {str(self.manifest.get('runs'))[:20]} runs, runs.parquet holds {len(self.table('runs'))}"
+        starts = start_lines(self.sweep_log())
+        return schema.provenance_problem(self.manifest, commands(starts), commits(starts, None))
+
+    def _file_problem(self, name: str, read, problem) -> Optional[str]:
+        """Why the sweep file `name` (where the sweep wrote one) cannot be read by `read` or breaks `problem`."""
+        path = self.directory / name
+        if not path.is_file():
+            return None
+        try:
+            return problem(read(path))
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            return records.first_line(e)
 
     def table(self, name: str) -> pd.DataFrame:
         if name not in self._frames:
@@ -124,7 +166,7 @@ def load(study_dir: Path) -> Optional[Published]:
     if not directory.is_dir():
         return None
     try:  # read strictly: a damaged manifest is this error, not a warning and then this error
-        manifest = records.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = records.loads(records.read_bounded(manifest_path))
     except (OSError, ValueError) as e:
         manifest, why = None, type(e).__name__
     else:
@@ -135,7 +177,10 @@ def load(study_dir: Path) -> Optional[Published]:
     damage = records.manifest_damage(directory, manifest["files"], skip=(MANIFEST,))
     if damage:
         raise PublishError(f"{directory} is damaged: {damage} (restore it from git, or pack the study again)")
-    return Published(directory, manifest)
+    published = Published(directory, manifest)
+    if why := published.problem():
+        raise PublishError(f"{study_dir.name}: {directory / why} (restore it from git, or pack the study again)")
+    return published
 
 
 def pack(study_dir: Path, allow_fewer: bool = False, stated_commit: Optional[str] = None) -> Optional[Path]:
@@ -143,8 +188,16 @@ def pack(study_dir: Path, allow_fewer: bool = False, stated_commit: Optional[str
     are no raw runs. Refused: a run being trained now, and (unless `allow_fewer`) fewer runs than the
     published records already hold (a fresh clone with a few new runs would otherwise discard the rest).
     `stated_commit`: the code commit of the sweep's invocations whose log line has none (sweeps run before
-    commits were logged), recorded in the manifest as stated by whoever packed them."""
+    commits were logged), recorded in the manifest as stated by whoever packed them. One pack or restore of
+    a study at a time (`make results` twice at once: the second waits)."""
     study_dir = Path(study_dir)
+    if stated_commit is not None and not schema.COMMIT.fullmatch(stated_commit):
+        raise PublishError(f"--commit {stated_commit[:60]!r} is not a commit (7 to 64 hexadecimal digits)")
+    with FileLock(study_dir / LOCK):
+        return _pack(study_dir, allow_fewer, stated_commit)
+
+
+def _pack(study_dir: Path, allow_fewer: bool, stated_commit: Optional[str]) -> Optional[Path]:
     raw = [(d, r) for d in run_dirs(study_dir) if PUBLISHED not in d.relative_to(study_dir).parts
            and (r := run_records(d)) is not None]
     if not raw:
@@ -169,31 +222,44 @@ def pack(study_dir: Path, allow_fewer: bool = False, stated_commit: Optional[str
         "scalars": load_scalars(runs), "layers": load_layer_records(runs), "events": load_events(runs),
     }
     directory = published_dir(study_dir)
-    staging = directory.with_name(f".{PUBLISHED}.tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{PUBLISHED}.tmp.", dir=study_dir))  # its own: packs may overlap
+    try:
+        _write_published(staging, study_dir, raw, tables, stated_commit)
+        old_dir = Path(tempfile.mkdtemp(prefix=f".{PUBLISHED}.old.", dir=study_dir))
+        if directory.exists():
+            directory.replace(old_dir)  # onto the empty directory mkdtemp made
+        staging.rename(directory)
+        shutil.rmtree(old_dir, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already, unless writing failed
+    return directory
+
+
+def _write_published(staging: Path, study_dir: Path, raw: list, tables: dict, stated_commit: Optional[str]) -> None:
     for name, frame in tables.items():
         if len(frame):
             frame.to_parquet(staging / f"{name}.parquet", index=False, compression="zstd")
     for name in SWEEP_FILES:
         if (study_dir / name).is_file():
             shutil.copyfile(study_dir / name, staging / name)
-    starts = [line for line in records.read_jsonl(study_dir / SWEEP_LOG) if line.get("event") == "start"]
+    starts = start_lines(records.read_jsonl(study_dir / SWEEP_LOG))
     records.write_json(staging / MANIFEST, {
         "format": FORMAT, "study": study_dir.name, "runs": len(raw),
-        "commands": sorted({" ".join(["python -m deepnorm_exp -m", *line.get("overrides", [])]) for line in starts}),
+        "commands": commands(starts),
         # the code that ran each invocation, where its sweep log says (invocations before commits were
         # logged have none)
         "commits": commits(starts, stated_commit),
         "files": records.manifest(staging, skip=(MANIFEST,)),
     })
-    old_dir = directory.with_name(f".{PUBLISHED}.old")
-    shutil.rmtree(old_dir, ignore_errors=True)
-    if directory.exists():
-        directory.rename(old_dir)
-    staging.rename(directory)
-    shutil.rmtree(old_dir, ignore_errors=True)
-    return directory
+
+
+def start_lines(sweep_log: list[dict]) -> list[dict]:
+    return [line for line in sweep_log if line.get("event") == "start"]
+
+
+def commands(starts: list[dict]) -> list[str]:
+    """The sweep's invocations as commands, from its log's start lines."""
+    return sorted({" ".join(["python -m deepnorm_exp -m", *line.get("overrides", [])]) for line in starts})
 
 
 def commits(starts: list[dict], stated: Optional[str]) -> list[dict]:
@@ -213,6 +279,11 @@ def restore(study_dir: Path) -> tuple[int, int]:
     same records again and the sweep skips what has ended. A run directory that exists is left alone.
     Returns (runs restored, runs left to train again: those that had not ended)."""
     study_dir = Path(study_dir)
+    with FileLock(study_dir / LOCK):
+        return _restore(study_dir)
+
+
+def _restore(study_dir: Path) -> tuple[int, int]:
     packed = load(study_dir)
     if packed is None:
         raise PublishError(f"{study_dir}: no published records to restore ({published_dir(study_dir)} is missing)")
@@ -230,15 +301,17 @@ def restore(study_dir: Path) -> tuple[int, int]:
         if summary.get("status") not in FINAL:
             left += 1
             continue
+        if run_dir.parent != study_dir or not schema.NAME.fullmatch(run_dir.name):  # load checked it: the last word
+            raise PublishError(f"{study_dir}: the packed run name {row.run_name[:60]!r} is not one directory name")
         if run_dir.exists():
             continue
         run_dir.mkdir(parents=True)
-        OmegaConf.save(OmegaConf.create(records.loads(row.config)), run_dir / "config.yaml")
+        records.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(records.loads(row.config))))
         for name, file in (("scalars", "metrics.jsonl"), ("events", "events.jsonl")):
             if row.run_name in per_run[name]:
                 frame = per_run[name][row.run_name]
                 lines = frame[_own_columns(frame, empty_everywhere[name])].to_dict("records")
-                (run_dir / file).write_text("".join(records.dumps(line) + "\n" for line in lines), encoding="utf-8")
+                records.write_text(run_dir / file, "".join(records.dumps(line) + "\n" for line in lines))
         layers = per_run["layers"].get(row.run_name)
         if layers is not None:
             sink = LayerFileSink(run_dir / "layers")

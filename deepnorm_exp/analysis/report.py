@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
-import html
 import math
 from pathlib import Path
 from typing import Optional
 
 import pandas as pd
+
+from .. import records
+from .escape import html_text
 
 from . import at_one_lr, comparison_table, load_frontier, load_layer_records, load_runs, load_scalars, plots
 from .frontier_law import fit_frontier_law
@@ -103,16 +105,16 @@ def _cell(value) -> str:
         return '<td data-value=""></td>'
     if isinstance(value, float):  # numpy floats too; the full value sorts, 4 digits show
         return f'<td data-value="{float(value)!r}">{value:.4g}</td>'
-    return f"<td>{html.escape(str(value))}</td>"
+    return f"<td>{html_text(str(value))}</td>"
 
 
 def runs_table(runs: pd.DataFrame) -> str:
     columns = [c for c in RUN_COLUMNS if c in runs]
-    head = "".join(f'<th data-key="{html.escape(c)}">{html.escape(c)}</th>' for c in columns)
+    head = "".join(f'<th data-key="{html_text(c)}">{html_text(c)}</th>' for c in columns)
     body = []
     for _, run in runs.sort_values(["norm", "depth", "seed"]).iterrows():
         status = str(run.get("status", ""))
-        body.append(f'<tr class="{html.escape(status)}">' + "".join(_cell(run[c]) for c in columns) + "</tr>")
+        body.append(f'<tr class="{html_text(status)}">' + "".join(_cell(run[c]) for c in columns) + "</tr>")
     return f'<table class="sortable" id="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
@@ -122,13 +124,13 @@ def diagnosis_panels(runs: pd.DataFrame) -> str:
         return ""
     panels = []
     for _, run in runs.dropna(subset=["diagnosis.kind"]).sort_values(["norm", "depth", "seed"]).iterrows():
-        lines = [f"<li>{html.escape(run['diagnosis.kind'])} at step {int(run['diagnosis.step'])}: "
-                 f"{html.escape(str(run['diagnosis.evidence']))}</li>"]
-        lines += [f"<li>also {html.escape(f['kind'])} at step {f['step']}: {html.escape(f['evidence'])}</li>"
+        lines = [f"<li>{html_text(run['diagnosis.kind'])} at step {int(run['diagnosis.step'])}: "
+                 f"{html_text(str(run['diagnosis.evidence']))}</li>"]
+        lines += [f"<li>also {html_text(f['kind'])} at step {f['step']}: {html_text(f['evidence'])}</li>"
                   for f in run.get("diagnosis.also") or []]
         if len(run.get("diagnosis.not_measured") or []):
-            lines.append(f"<li>not measured: {html.escape(', '.join(run['diagnosis.not_measured']))}</li>")
-        panels.append(f"<details><summary>{html.escape(run['run_name'])}: {html.escape(run['diagnosis.kind'])}"
+            lines.append(f"<li>not measured: {html_text(', '.join(run['diagnosis.not_measured']))}</li>")
+        panels.append(f"<details><summary>{html_text(run['run_name'])}: {html_text(run['diagnosis.kind'])}"
                       f"</summary><ul>{''.join(lines)}</ul></details>")
     return "".join(panels)
 
@@ -140,8 +142,8 @@ def frame_table(frame: pd.DataFrame, index: bool = True, table_id: str = "") -> 
 
 def _figure(title: str, caption: str, fig) -> str:
     png = base64.b64encode(plots.figure_png(fig)).decode()
-    return (f'<figure><h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{png}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (f'<figure><h2>{html_text(title)}</h2><img alt="{html_text(title)}" src="data:image/png;base64,{png}">'
+            f"<figcaption>{html_text(caption)}</figcaption></figure>")
 
 
 def build_report(root: str | Path) -> str:
@@ -165,9 +167,9 @@ def build_report(root: str | Path) -> str:
     }
     counts = runs["status"].value_counts().to_dict()
     sections = [
-        f"<h1>deepnorm_exp report: {html.escape(root.name)}</h1>",
-        f'<p class="meta">{html.escape(str(root.resolve()))} · {len(runs)} runs '
-        f"({html.escape(', '.join(f'{v} {k}' for k, v in counts.items()))}) · written "
+        f"<h1>deepnorm_exp report: {html_text(root.name)}</h1>",
+        f'<p class="meta">{html_text(str(root.resolve()))} · {len(runs)} runs '
+        f"({html_text(', '.join(f'{v} {k}' for k, v in counts.items()))}) · written "
         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>",
         "<h2>Eval loss by norm and depth</h2>",
         "<p>Mean ± standard deviation over the seeds that did not diverge; learned nothing = unigram loss "
@@ -201,13 +203,13 @@ def build_report(root: str | Path) -> str:
                      "diagnosis of a run); each run's evidence below.</p>", frame_table(diagnoses, table_id="diagnosis"),
                      diagnosis_panels(runs)]
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>deepnorm_exp: '
-            f"{html.escape(root.name)}</title><style>{STYLE}</style></head><body>{''.join(sections)}"
+            f"{html_text(root.name)}</title><style>{STYLE}</style></head><body>{''.join(sections)}"
             f"<script>{SCRIPT}</script></body></html>")
 
 
 def write_report(root: str | Path, out: Optional[str | Path] = None) -> Path:
     path = Path(out) if out else Path(root) / "report.html"
-    path.write_text(build_report(root), encoding="utf-8")
+    records.write_text(path, build_report(root))  # atomic: a link there is replaced, never written through
     return path
 
 

@@ -20,10 +20,13 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from .. import records
+from ..locks import FileLock
 from . import budget, comparison_table, lr_study, mitigations, plots, published
 from .runs import config_by_run, config_column
 from .tables import diagnosis_table, shared_value
 from .claims import NOT_RUN, Evidence, judge
+from .escape import md_code, md_fence, md_text
 from .frontier_law import bracket_table, brackets_so_far
 from .timing import preset_time
 from ..lifecycle.diagnosis import rules_markdown
@@ -87,13 +90,22 @@ STUDIES = [
 ]
 
 
-def markdown_table(frame: pd.DataFrame, index: bool = True) -> str:
+def markdown_table(frame: pd.DataFrame, index: bool = True, markdown: tuple[str, ...] = ()) -> str:
+    """`frame` as a Markdown table; every header and cell is escaped (escape.py) but for the columns named in
+    `markdown`, which the code composed as Markdown from escaped parts."""
     frame = frame.reset_index() if index else frame
-    cell = lambda v: "" if v is None or (isinstance(v, float) and pd.isna(v)) else (  # noqa: E731
-        f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "\\|"))
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    trusted = [column in markdown for column in frame.columns]
+    lines = ["| " + " | ".join(map(_cell, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(map(_cell, row, trusted)) + " |" for row in frame.itertuples(index=False)]
     return "\n".join(lines)
+
+
+def _cell(value, markdown: bool = False) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    if markdown:
+        return str(value).replace("|", "\\|")  # the table's own syntax, even in composed Markdown
+    return f"{value:.4g}" if isinstance(value, float) else md_text(value)
 
 
 class Page:
@@ -110,19 +122,21 @@ class Page:
 
     def figure(self, name: str, fig, caption: str) -> None:
         path = self.out / FIGURE_DIR / f"{name}.png"
-        path.write_bytes(plots.figure_png(fig, dpi=DPI))  # a pyplot-free Figure: nothing to close
+        records.write_bytes(path, plots.figure_png(fig, dpi=DPI))  # a pyplot-free Figure: nothing to close
         self.figures.add(path.name)
         self.add(f"![{caption}]({FIGURE_DIR}/{path.name})\n*{caption}*")
 
 
 def sweeper_setting(study: Path, key: str, default):
-    """A setting of the sweeper that ran `study`, from the multirun.yaml Hydra leaves in the sweep directory."""
-    from omegaconf import OmegaConf
-
+    """A setting of the sweeper that ran `study`, from the multirun.yaml Hydra leaves in the sweep directory
+    (read as plain YAML: a record is never interpolated)."""
     path = study / "multirun.yaml"
     if not path.exists():
         return default
-    return OmegaConf.select(OmegaConf.load(path), f"hydra.sweeper.{key}", default=default)
+    node = records.read_yaml(path)
+    for part in ("hydra", "sweeper", key):
+        node = node.get(part, default) if isinstance(node, dict) else default
+    return node
 
 
 def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
@@ -147,7 +161,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             runs = evidence.runs("frontier_depth")
             if not runs.empty:
                 stable_if = sweeper_setting(evidence.study_dir("frontier_depth"), "stable_if", "trained")
-                page.add(f"The brackets so far, from the {len(runs)} probe runs made (stable: {stable_if}, the "
+                page.add(f"The brackets so far, from the {len(runs)} probe runs made (stable: {md_text(stable_if)}, the "
                          "sweep's `stable_if`; an empty end: no probe on that side yet):",
                          markdown_table(brackets_so_far(runs, stable_if).sort_values(["norm", "depth", "seed"]),
                                         index=False))
@@ -317,18 +331,19 @@ def frontier_law_text(fit: pd.DataFrame) -> str:
     for _, row in fit.iterrows():
         censored = f"; censored at L{', L'.join(map(str, row['censored_depths']))}" if row["censored"] else ""
         if np.isfinite(row["slope"]):
-            lines.append(f"- {row['norm']}: slope {row['slope']:.2f}, 95% interval [{row['slope_low']:.2f}, "
+            lines.append(f"- {md_text(row['norm'])}: slope {row['slope']:.2f}, 95% interval [{row['slope_low']:.2f}, "
                          f"{row['slope_high']:.2f}], from {row['cells']} cells at L{', L'.join(map(str, row['depths']))}"
                          + censored)
         else:
-            lines.append(f"- {row['norm']}: no slope (uncensored cells at fewer than two depths{censored})")
+            lines.append(f"- {md_text(row['norm'])}: no slope (uncensored cells at fewer than two depths{censored})")
     return "\n".join(lines)
 
 
 def claims_table(evidence: Evidence) -> str:
+    # the claims' own text, composed in claims.py from numbers and names the records' schema admits
     rows = [{"the paper": c.paper, "study": f"`{c.study}`", "rule": c.rule, "here": f"**{v.outcome}**",
              "numbers": v.numbers} for c, v in judge(evidence)]
-    return markdown_table(pd.DataFrame(rows), index=False)
+    return markdown_table(pd.DataFrame(rows), index=False, markdown=("the paper", "study", "rule", "here", "numbers"))
 
 
 def times_table(evidence: Evidence, root: Path) -> str:
@@ -338,7 +353,7 @@ def times_table(evidence: Evidence, root: Path) -> str:
         time = preset_time(evidence.study_dir(study.name), runs).describe() if not runs.empty else "not run yet"
         rows.append({"preset": f"`{study.name}`", "command": f"`{study.command}`", "budget": budget_rule(runs),
                      "time here": time})
-    return markdown_table(pd.DataFrame(rows), index=False)
+    return markdown_table(pd.DataFrame(rows), index=False, markdown=("preset", "command", "time here"))
 
 
 def budget_rule(runs: pd.DataFrame) -> str:
@@ -372,7 +387,8 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
              "(`deepnorm_exp/analysis/claims.py`). A study \"not run yet\" has not been run under the current "
              "defaults and protocol; earlier versions of this page (in git) showed runs at earlier ones, whose "
              "records were not kept.", setting_text(evidence))
-    page.add("## The code that ran the studies", markdown_table(code_table(evidence), index=False))
+    page.add("## The code that ran the studies",
+             markdown_table(code_table(evidence), index=False, markdown=("study", "records", "commands")))
     page.add("## The paper's claims", claims_table(evidence))
     page.add("## Presets: commands and times", "Elapsed: the sweeps' wall time on the machine that ran them (the "
              "launcher and its workers follow); run time: the runs' own wall time added up.",
@@ -391,7 +407,7 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
                      "it tests wait for the rest.")
         sections[study.name](page)
     path = out / "results.md"
-    path.write_text("\n".join(page.lines).rstrip() + "\n", encoding="utf-8")
+    records.write_text(path, "\n".join(page.lines).rstrip() + "\n")
     for stale in (out / FIGURE_DIR).glob("*.png"):  # a figure of a section the page no longer has
         if stale.name not in page.figures:
             stale.unlink()
@@ -450,12 +466,15 @@ def setting_text(evidence: Evidence) -> str:
     diverged = int((runs["status"] == "diverged").sum())
     untrained = int(((runs["status"] == "completed") & ~runs["trained"].fillna(False).astype(bool)).sum())
     return (f"**How to read it.** The {len(runs)} runs behind this page are small models (d_model "
-            f"{', '.join(map(str, widths))}; {', '.join(devices) or 'device not recorded'}) on the synthetic "
+            f"{', '.join(map(str, widths))}; {md_text(', '.join(devices)) or 'device not recorded'}) on the synthetic "
             "language, whose optimal loss is known (docs/models-and-data.md). A run *trained* when it closed at "
             f"least {TRAINED_FRACTION:.0%} of the gap from the unigram loss (token frequencies only) to that optimum; "
             "a scheme that \"fails\" or is \"unstable\" here did not train or diverged: of these runs "
             f"{untrained} completed without training and {diverged} diverged. Each study's width, depths, steps and "
             "rate are in its preset (docs/configuration.md, Presets).")
+
+
+CODE_COLUMNS = ["study", "runs", "records", "code", "subnormals", "commands"]
 
 
 def code_table(evidence: Evidence) -> pd.DataFrame:
@@ -471,8 +490,8 @@ def code_table(evidence: Evidence) -> pd.DataFrame:
         rows.append({"study": f"`{study.name}`", "runs": len(evidence.runs(study.name)),
                      "records": f"`runs/{study.name}/published/`" if published else "raw (not published)",
                      "code": shas, "subnormals": subnormals(evidence.runs(study.name)),
-                     "commands": "; ".join(f"`{c}`" for c in manifest.get("commands", []))})
-    return pd.DataFrame(rows, columns=["study", "runs", "records", "code", "subnormals", "commands"])
+                     "commands": "; ".join(map(md_code, manifest.get("commands", [])))})
+    return pd.DataFrame(rows, columns=CODE_COLUMNS)
 
 
 def subnormals(runs: pd.DataFrame) -> str:
@@ -498,7 +517,7 @@ def generated_blocks(root: Path, evidence: Optional[Evidence] = None, every_stud
     if evidence.finished("quickstart"):
         summaries, damaged = evidence.summaries("quickstart")
         time = preset_time(evidence.study_dir("quickstart"), evidence.runs("quickstart")).describe()
-        blocks["quickstart"] = f"```\n{format_table(summaries, damaged)}\n```\n\nMeasured: {time}."
+        blocks["quickstart"] = f"{md_fence(format_table(summaries, damaged))}\n\nMeasured: {time}."
     frontier = evidence.frontier("frontier_depth")
     if not frontier.empty:
         runs = evidence.runs("frontier_depth")
@@ -560,7 +579,7 @@ def update_blocks(path: Path, blocks: dict[str, str], tag: str = "results") -> l
         if n:
             done.append(name)
     if text != old:  # a page without blocks is left untouched, its time stamp included
-        path.write_text(text, encoding="utf-8")
+        records.write_text(path, text)
     return done
 
 
@@ -590,19 +609,27 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def write(args: argparse.Namespace) -> None:
     """The raw runs of each study become its published records (published.py), then the page and the README's
-    blocks are written from those."""
-    for study in STUDIES:
-        if (Path(args.root) / study.name).is_dir():
-            published.pack(Path(args.root) / study.name)
-    evidence = Evidence(args.root)  # every record read once, for the page and the README alike
+    blocks are written from those. One regeneration at a time (a second `make results` waits), and nothing is
+    written before every study's published records have been checked (a record that breaks their schema is
+    a PublishError: the page is left as it was)."""
+    with FileLock(Path(args.root) / ".results.lock"):
+        for study in STUDIES:
+            if (Path(args.root) / study.name).is_dir():
+                published.pack(Path(args.root) / study.name)
+        evidence = Evidence(args.root)  # every record read once, for the page and the README alike
+        for study in STUDIES:
+            evidence.published(study.name)
+        _write(args, evidence)
+
+
+def _write(args: argparse.Namespace, evidence: Evidence) -> None:
     lost = [] if args.allow_missing else records_missing(Path(args.out) / "results.md", evidence)
     if not lost:
         print(f"results: {build_results(args.root, args.out, evidence).resolve()}")
     if args.conf and evidence.finished("lr_study"):  # the rates the budget study runs at (conf/tuned_lr/)
         path = Path(args.conf) / "tuned_lr" / "lr_study.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(lr_study.tuned_lr_yaml(lr_study.lr_summary(evidence.runs("lr_study")), "lr_study"),
-                        encoding="utf-8")
+        records.write_text(path, lr_study.tuned_lr_yaml(lr_study.lr_summary(evidence.runs("lr_study")), "lr_study"))
         print(f"{path}: the best rate per scheme and depth")
     if args.blocks:  # the blocks of the studies here; those that summarize every study wait for the page
         blocks = generated_blocks(Path(args.root), evidence, every_study=not lost)

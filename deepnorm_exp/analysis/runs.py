@@ -14,10 +14,10 @@ import logging
 from pathlib import Path
 from typing import Optional
 import pandas as pd
-from omegaconf import OmegaConf
 
 from .. import records
 from ..lifecycle.runlock import held_elsewhere
+from ..lifecycle.schema import REQUIRED, config_problem
 from ..lifecycle.diagnosis import diagnose_run_dir
 from ..lifecycle.summary import FINAL, has_ended, read_summary
 
@@ -71,15 +71,18 @@ def needs_diagnosis(summary: dict) -> bool:
 
 
 def run_records(run_dir: Path) -> Optional[tuple[dict, dict]]:
-    """(summary, config) of a run directory ({} for one it lacks), or None where neither is readable (a
-    damaged file is named in a warning)."""
+    """(summary, config) of a run directory ({} for one it lacks), or None where neither is readable or a
+    field the analysis reads has the wrong type (lifecycle/schema.py; the warning names the file and field)."""
     has_summary = (run_dir / "summary.json").is_file()
-    summary = read_summary(run_dir / "summary.json") if has_summary else {}
+    summary = read_summary(run_dir / "summary.json", REQUIRED) if has_summary else {}
     if summary is None:
         return None  # damaged: read_summary named it
     config = _config(run_dir / "config.yaml")
     if not summary and not config:
         return None  # neither record readable: nothing to list it by (the warning named the file)
+    if why := config_problem(config):
+        log.warning("%s is damaged and its run was left out (%s)", run_dir / "config.yaml", why)
+        return None
     return summary, config
 
 
@@ -115,9 +118,10 @@ def _config(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        config = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception as e:  # noqa: BLE001 - any YAML or OmegaConf error: the file is damaged
-        log.warning("%s is damaged; its run is listed without its config (%s)", path, type(e).__name__)
+        config = records.read_yaml(path)
+    except (OSError, ValueError, UnicodeDecodeError) as e:  # damaged, too large, aliases: never expanded
+        log.warning("%s is damaged; its run is listed without its config (%s: %s)", path, type(e).__name__,
+                    records.first_line(e))
         return {}
     return config if isinstance(config, dict) else {}
 

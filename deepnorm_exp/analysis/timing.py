@@ -17,6 +17,7 @@ from typing import Optional
 import pandas as pd
 
 from .. import records
+from .escape import md_code, md_text
 from ..sweeps.hydra_callbacks import SWEEP_LOG
 from ..lifecycle.summary import FINAL
 
@@ -43,9 +44,9 @@ class PresetTime:
         if self.open:
             text += f" ({self.open} stopped or still running: counted to {'its' if self.open == 1 else 'their'} last finished run)"
         text += f"; {self.runs} runs, {duration(self.worker_s)} of run time"
-        if self.launchers:
-            text += f"; {', '.join(self.launchers)}"
-        return text + (f" (with {' '.join(f'`{o}`' for o in self.overrides)})" if self.overrides else "")
+        if self.launchers:  # from the sweep log: escaped (Markdown, as every page shows it)
+            text += f"; {md_text(', '.join(self.launchers))}"
+        return text + (f" (with {' '.join(map(md_code, self.overrides))})" if self.overrides else "")
 
 
 def duration(seconds: float) -> str:

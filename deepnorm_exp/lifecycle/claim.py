@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import ABSENT_MEANS, TRAINED_KEYS, UNTRAINED_KEYS, Config
 from ..errors import ConfigError, RecordError
-from ..records import remove_temporaries
+from ..records import read_yaml, remove_temporaries
 from ..train import checkpoint
 from .runlock import RunLock
 from .summary import has_ended, read_summary
@@ -37,6 +37,8 @@ def plan_run(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
         previous = read_summary(out_dir / "summary.json")
         if cfg.resume and has_ended(previous):
             log.info("%s: already %s, not run again (resume=false starts over)", out_dir, previous["status"])
+            if not cfg.train.keep_checkpoint:  # a kill after the summary, before its checkpoint was removed
+                checkpoint.remove(out_dir)
             return "skip", previous
         for temporary in remove_temporaries(out_dir):  # a write that a kill interrupted
             log.info("removed %s, left by an interrupted write", temporary)
@@ -112,7 +114,9 @@ def check_claim(out_dir: Path, cfg: DictConfig) -> None:
     if not finished and not checkpoint.exists(out_dir):
         return  # nothing to take over: an unfinished run without a checkpoint starts over
     try:
-        stored = OmegaConf.to_container(OmegaConf.load(out_dir / "config.yaml"), resolve=False)
+        stored = read_yaml(out_dir / "config.yaml")
+        if not isinstance(stored, dict):
+            raise ValueError("not a mapping")
     except Exception as e:  # noqa: BLE001 - missing, or whatever YAML raises on a damaged file
         if finished:
             raise RecordError(f"{out_dir / 'config.yaml'} is missing or damaged ({type(e).__name__}), so the "

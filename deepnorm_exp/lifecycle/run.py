@@ -106,8 +106,6 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
             del state
         parts.trainer.fit()
         summarise(parts, cfg, runtime, guard, summary)
-        if summary["status"] != "interrupted" and not cfg.train.keep_checkpoint and runtime.is_main:
-            checkpoint.remove(out_dir)  # finished: nothing left to resume
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops at the next step boundary, like SIGTERM)
         summary.update(status="interrupted", error="interrupted by SIGINT before a checkpoint")
         raise
@@ -115,7 +113,12 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         summary["error"] = one_line(e)
         raise
     finally:
-        close_records(parts, runtime, out_dir, summary, started)
+        written = close_records(parts, runtime, out_dir, summary, started)
+    # Last: the checkpoint outlives the summary and the sinks. A kill before this point (in the diagnosis,
+    # which reads every layer file, or in W&B's finish) leaves a run without a summary, which the next
+    # attempt resumes from here instead of training it again from step 0.
+    if written and has_ended(summary) and not cfg.train.keep_checkpoint:
+        checkpoint.remove(out_dir)  # finished: nothing left to resume
     return summary
 
 
@@ -156,8 +159,11 @@ def summarise(parts: RunParts, cfg: DictConfig, runtime: Runtime, guard: Preempt
                                              cfg.train.batch_size, runtime.device)
 
 
-def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: dict, started: float) -> None:
-    """The summary's last entries, then summary.json and every sink closed with it (main process only)."""
+def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: dict, started: float) -> bool:
+    """The summary's last entries, then every sink closed with them, then summary.json (main process only):
+    a run's summary is the last record it writes, so a run that has one has all of them (W&B's copy
+    included; a kill before it and the next attempt resumes, finishing them). Whether summary.json was
+    written (False on the other ranks)."""
     if parts.trainer is not None:
         summary["steps_completed"] = parts.trainer.step
     # Across resumes (WallClock), once the checkpoint's clock is restored; set-up alone before that.
@@ -168,10 +174,13 @@ def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: dic
             from .diagnosis import diagnose_run_dir  # pandas: only once training is over
 
             summary["diagnosis"] = diagnose_run_dir(out_dir, summary)
+        for sink in parts.sinks:
+            sink.finish(summary)
         try:
             write_summary(out_dir / "summary.json", summary)
         except OSError as e:  # a full disk: say so, and let the run's own error be the one raised
             log.error("could not write %s: %s", out_dir / "summary.json", one_line(e))
-        for sink in parts.sinks:
-            sink.finish(summary)
+            return False
         log.info(format_summary(summary))
+        return True
+    return False

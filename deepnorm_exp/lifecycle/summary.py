@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..records import read_json, utc_now, write_json
+from .schema import REQUIRED, summary_problem
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -55,11 +56,12 @@ def write_summary(path: Path, summary: dict) -> None:
     write_json(path, summary)  # strict JSON: a NaN loss is "nan" (records.encode), read back as a float
 
 
-def read_summary(path: Path) -> dict | None:
-    """The summary a run left, or None (no file; a damaged one is named in a warning)."""
+def read_summary(path: Path, required: tuple[str, ...] = ()) -> dict | None:
+    """The summary a run left, or None (no file; a damaged one, one with a field of the wrong type or range
+    (schema.py), or one without a field in `required`, is named in a warning with the field)."""
     summary = read_json(path)
-    if summary is not None and not isinstance(summary, dict):
-        log.warning("%s is damaged and was skipped (not a JSON object)", path)
+    if summary is not None and (why := summary_problem(summary, required)):
+        log.warning("%s is damaged and was skipped (%s)", path, why)
         return None
     return summary
 
@@ -99,15 +101,12 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRED = ("run_name", "norm", "depth", "status")  # what the table cannot do without
-
-
 def load_summaries(root: Path) -> tuple[list[dict], list[Path]]:
     """The readable summaries of the runs under `root`, and the summary files that could not be read."""
     summaries, damaged = [], []
     for path in sorted(Path(root).glob("*/summary.json")):
-        summary = read_summary(path)
-        if summary is None or not all(key in summary for key in REQUIRED):
+        summary = read_summary(path, REQUIRED)
+        if summary is None:
             damaged.append(path)
         else:
             summaries.append(summary)
@@ -128,9 +127,9 @@ def format_table(summaries: list[dict], damaged: list[Path] = ()) -> str:
     for s in rows:
         status = s["status"] + ("" if s["status"] != "completed" or s.get("trained") else " (untrained)")
         if s["status"] == "diverged":
-            status += f" @{s['diverged_at_step']}"
-        lines.append(f"{s['run_name']:<{width}} {s['norm']:<10} {s['depth']:>5} {_fmt(s['final_loss'], '7.3f')} "
-                     f"{_fmt(s['eval_loss'], '7.3f')} {_fmt(s['excess_loss'], '7.3f')} {_fmt(s.get('learned_fraction'), '7.0%')}"
+            status += f" @{s.get('diverged_at_step')}"
+        lines.append(f"{s['run_name']:<{width}} {s['norm']:<10} {s['depth']:>5} {_fmt(s.get('final_loss'), '7.3f')} "
+                     f"{_fmt(s.get('eval_loss'), '7.3f')} {_fmt(s.get('excess_loss'), '7.3f')} {_fmt(s.get('learned_fraction'), '7.0%')}"
                      f"  {(s.get('diagnosis') or {}).get('kind', '-'):<23} {status}")
     optimal = {s["optimal_loss"] for s in rows if s.get("optimal_loss") is not None}
     unigram = {round(s["unigram_loss"], 3) for s in rows if s.get("unigram_loss") is not None}

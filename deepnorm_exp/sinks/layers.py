@@ -9,6 +9,7 @@ at 1,000 layers a file is ~2,000 rows, tens of kB.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,17 @@ from ..records import atomic_path
 from . import Sink
 
 log = logging.getLogger("deepnorm_exp")
+
+STEP_FILE = re.compile(r"step_(\d{7,})\.parquet")  # what log_layers names a file; nothing else is read back
+
+
+def step_files(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of each file in `directory` named exactly as `log_layers` names them, in step order; a
+    stray file ("step_0000005 (copy).parquet") is neither read nor deleted."""
+    if not directory.is_dir():
+        return []
+    found = ((STEP_FILE.fullmatch(path.name), path) for path in directory.iterdir())
+    return sorted((int(match.group(1)), path) for match, path in found if match and path.is_file())
 
 
 class LayerFileSink(Sink):
@@ -27,7 +39,7 @@ class LayerFileSink(Sink):
         self.steps: list[int] = []  # the steps this run wrote a file for, in order
 
     def path(self, step: int) -> Path:
-        return self.directory / f"step_{step:07d}.parquet"
+        return self.directory / f"step_{step:07d}.parquet"  # STEP_FILE reads it back
 
     def log_layers(self, step: int, table: dict[str, np.ndarray]) -> None:
         import pyarrow as pa
@@ -48,8 +60,8 @@ class LayerFileSink(Sink):
         that are gone (measurements cannot be rebuilt: they are missing from the record, and said so)."""
         self.steps = list(state["steps"])
         last = self.steps[-1] if self.steps else -1
-        for path in self.directory.glob("step_*.parquet"):
-            if int(path.stem.split("_")[1]) > last:
+        for step, path in step_files(self.directory):
+            if step > last:
                 path.unlink()
         missing = [step for step in self.steps if not self.path(step).is_file()]
         if missing:
@@ -61,12 +73,9 @@ def load_layers(run_dir: Path):
     """Every per-layer record of a run as one pandas DataFrame (empty if the run logged none)."""
     import pandas as pd
 
-    directory = Path(run_dir) / "layers"
-    if not directory.is_dir() or not any(directory.glob("step_*.parquet")):
-        return pd.DataFrame()
     # One file per step; columns differ where a step measured less (step 0 has no gradients): concat aligns.
     frames = []
-    for path in sorted(directory.glob("step_*.parquet")):
+    for _, path in step_files(Path(run_dir) / "layers"):
         try:
             frames.append(pd.read_parquet(path))
         except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on a damaged file

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from ..records import write_text
 from . import Sink
 
 LOG_SCALE = ("grad_norm", "update_ratio", "ln_input_norm", "out_norm")  # positive, spanning decades
@@ -46,7 +47,7 @@ class WandbSink(Sink):
             reinit="finish_previous",  # a multirun in one process never reuses a run
             settings=wandb.Settings(console="off", silent=True),
         )
-        id_file.write_text(self.run.id + "\n")
+        write_text(id_file, self.run.id + "\n")
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")  # every chart shares the optimizer-step axis
         self.history: dict[tuple[str, str], list[tuple[int, np.ndarray]]] = defaultdict(list)
