@@ -8,7 +8,8 @@ An entry is verified before it is used: a manifest written last (`.manifest.json
 SHA-256 of every file, and any difference (a truncated or overwritten Arrow file, a flipped bit, a file
 gone) is a damaged entry, rebuilt with a warning that names it, instead of a traceback from pyarrow that
 names nothing or, worse, tokens that are silently wrong. An entry that passes its manifest but fails to
-load all the same is rebuilt once.
+load all the same, or that its loader refuses (a tokenizer of another vocabulary: data/text.py), is rebuilt
+once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from .. import records
-from ..errors import RecordError
+from ..errors import HarnessError, RecordError, first_line
 from ..locks import FileLock
 
 if TYPE_CHECKING:  # `datasets` (a second to import) is imported where a dataset is loaded, not by the checks
@@ -40,7 +41,7 @@ def cache_key(prefix: str, payload: dict[str, Any]) -> str:
 
 
 def write_manifest(directory: Path) -> None:
-    (directory / MANIFEST).write_text(json.dumps(records.manifest(directory, skip=(MANIFEST,)), indent=1))
+    records.write_text(directory / MANIFEST, json.dumps(records.manifest(directory, skip=(MANIFEST,)), indent=1))
 
 
 def damage(directory: Path) -> Optional[str]:
@@ -90,7 +91,8 @@ def load_entry(path: Path, build: Callable[[Path], None], load: Callable[[Path],
     try:
         return load(entry)
     except Exception as e:  # noqa: BLE001 - what datasets/pyarrow raise on a bad file varies
-        log.warning("data cache entry %s failed to load (%s)", entry, type(e).__name__)
+        log.warning("data cache entry %s failed to load (%s)", entry,
+                    first_line(e) if isinstance(e, HarnessError) else type(e).__name__)
     entry = cached_dir(path, build, rebuild=True)
     try:
         return load(entry)

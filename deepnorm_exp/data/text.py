@@ -6,36 +6,46 @@ the source has no eval split -> tokenizer (bytes, or a BPE trained on the traini
 (packing.py) -> saved as one cache entry keyed by everything that decides its content (the files' sizes
 and modification times, or the hub id; the split; the tokenizer; seq_len), with a `meta.json` (token
 counts, tokenizer) and, for BPE, its `tokenizer.json`. An unchanged config loads the entry memory-mapped
-without tokenizing; a changed one builds a new entry; a failed build leaves nothing.
+without tokenizing; a changed one builds a new entry; a failed build leaves nothing. A BPE is an entry of
+its own (`tokenizers/<key>/`), so it is verified by its manifest like the datasets, and an entry whose
+tokenizer or recorded vocabulary exceeds data.vocab_size is rebuilt, never loaded.
+
+`data.files` resolves to real paths, each file once, walked without following symlinked directories under
+`**`, and at most MAX_FILES of them (`resolved_files`).
 """
 
 from __future__ import annotations
 
 import codecs
+import fnmatch
 import functools
 import glob
+import itertools
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
 from omegaconf import MISSING
 
+from .. import records
 from ..config import check_seed
-from ..errors import ConfigError, require_choice
-from ..locks import FileLock
+from ..errors import ConfigError, RecordError, require_choice
 from . import TaskData, register, unigram_loss_from_counts
 from .cache import cache_key, load_entry
 from .hub import load_hub
 from .packing import TokenBlocks, blocks_table, pack, token_stream
 from .tokenizer import BYTE_VOCAB, BpeTokenizer, ByteTokenizer, quiet_fork_warnings
 
-PIPELINE_VERSION = 1  # bump when the tokens an unchanged config produces change, so stale caches go unused
+PIPELINE_VERSION = 2  # bump when the tokens an unchanged config produces change, so stale caches go unused
+MAX_FILES = 10_000  # data.files may name at most this many files: a glob over the wrong tree is refused in one line
+MAX_DIRECTORIES = 100_000  # and its globs may list at most this many directories (a `/**/x.txt` walks everything)
 PARALLEL_FROM_DOCUMENTS = 20_000  # num_proc=null tokenizes in one process below this (workers cost ~1 s)
 TOKENIZERS = ("byte", "bpe")
+TOKENIZER_FILE = "tokenizer.json"  # the BPE, in its own cache entry and beside each dataset built with it
 
 
 @dataclass
@@ -123,16 +133,22 @@ class TokenStream:
                 "version": PIPELINE_VERSION}
 
     def tokenizer(self, train_docs):
+        """Bytes, or the BPE trained on `train_docs`: a data cache entry of its own (tokenizers/<key>/), shared
+        by every dataset cut from the same split, so trained once; verified like any entry (its manifest's
+        digests) and checked for what it is (`BpeTokenizer.load_checked`) before use: a damaged or foreign
+        one is rebuilt, never loaded."""
         if self.cfg.tokenizer == "byte":
             return ByteTokenizer()
         key = cache_key(f"{self.cfg.name}-bpe", {**self.split_identity(), "vocab_size": self.cfg.vocab_size})
-        path = self.cache_dir / "data" / "tokenizers" / f"{key}.json"
-        with FileLock(path.with_name(f".{path.name}.lock")):  # concurrent jobs train it once
-            if path.exists():
-                return BpeTokenizer.load(path)
+
+        def train(directory: Path) -> None:
+            directory.mkdir()
             texts = train_docs[self.column] if len(train_docs) else []
             batches = (texts[i:i + 1000] for i in range(0, len(texts), 1000))
-            return BpeTokenizer.train(batches, self.cfg.vocab_size, path)
+            BpeTokenizer.train(batches, self.cfg.vocab_size, directory / TOKENIZER_FILE)
+
+        return load_entry(self.cache_dir / "data" / "tokenizers" / key, train,
+                          lambda entry: BpeTokenizer.load_checked(entry / TOKENIZER_FILE, self.cfg.vocab_size))
 
     # -- the cache entry ------------------------------------------------------------------------------
     def entry(self) -> Path:
@@ -166,9 +182,9 @@ class TokenStream:
         counts = np.bincount(blocks["train"][:, 1:].reshape(-1), minlength=tokenizer.vocab_size)
         meta["train_target_counts"] = counts.tolist()
         DatasetDict({split: Dataset(blocks_table(b)) for split, b in blocks.items()}).save_to_disk(str(directory))
-        (directory / "meta.json").write_text(json.dumps(meta))
+        records.write_text(directory / "meta.json", json.dumps(meta))
         if isinstance(tokenizer, BpeTokenizer):
-            tokenizer.tokenizer.save(str(directory / "tokenizer.json"))
+            tokenizer.tokenizer.save(str(directory / TOKENIZER_FILE))
 
     def load(self, task: str) -> TaskData:
         return load_entry(self.entry(), self.build, lambda entry: self._read(entry, task))
@@ -176,12 +192,29 @@ class TokenStream:
     def _read(self, path: Path, task: str) -> TaskData:
         from datasets import load_from_disk
 
-        data, meta = load_from_disk(str(path)), json.loads((path / "meta.json").read_text())
+        meta = json.loads((path / "meta.json").read_text())
+        check_vocabulary(path, meta, self.cfg.vocab_size)
+        data = load_from_disk(str(path))
         eval_tokens = TokenBlocks(data["eval"])[torch.arange(min(self.cfg.eval_blocks, len(data["eval"])))]
         counts = torch.tensor(meta["train_target_counts"])
         return TaskData(task=task, train={"tokens": TokenBlocks(data["train"])}, eval={"tokens": eval_tokens},
                         vocab_size=self.cfg.vocab_size, optimal_loss=None,
                         unigram_loss=unigram_loss_from_counts(counts, eval_tokens[:, 1:]))
+
+
+def check_vocabulary(entry: Path, meta: dict, vocab_size: int) -> None:
+    """Refuse (RecordError: the entry is rebuilt) an entry whose tokens may reach past `vocab_size` (the
+    model's embedding: an IndexError mid-run), whatever its manifest says: its recorded vocabulary, its
+    target counts and, for a BPE, the tokenizer beside it."""
+    recorded = meta.get("vocab_size")
+    if not isinstance(recorded, int) or not BYTE_VOCAB <= recorded <= vocab_size:
+        raise RecordError(f"data cache entry {entry} records a vocabulary of {recorded}; data.vocab_size="
+                          f"{vocab_size} allows {BYTE_VOCAB} to {vocab_size}")
+    if len(meta.get("train_target_counts") or ()) != recorded:
+        raise RecordError(f"data cache entry {entry} counts targets over another vocabulary than its {recorded}")
+    if (entry / TOKENIZER_FILE).exists() and \
+            BpeTokenizer.load_checked(entry / TOKENIZER_FILE, vocab_size).vocab_size != recorded:
+        raise RecordError(f"data cache entry {entry}: its {TOKENIZER_FILE} is not the tokenizer it records")
 
 
 def _file_identity(paths: list[str]) -> list[tuple[str, int, int]]:
@@ -233,13 +266,20 @@ def first_undecodable(path: str, size: int, mtime_ns: int, encoding: str) -> str
 
 
 def resolved_files(cfg: TextConfig) -> list[str]:
+    """The files `data.files` names, as real paths, each once, in the order given (a glob's matches sorted).
+
+    A file reached twice (listed twice, through a symlink or a hard link, by two globs) is read once: read
+    twice, its documents would land in both splits. `**` never descends into a symlinked directory, so a link
+    to its own directory cannot make the tree endless (glob.glob follows it: 200 lines read as 8,200
+    documents, and two such links never finish). More than MAX_FILES files, or globs that list more than
+    MAX_DIRECTORIES directories, are refused before any file is read."""
     patterns = [cfg.files] if isinstance(cfg.files, str) else list(cfg.files or [])
     if not patterns or not all(isinstance(p, str) for p in patterns):
         raise ConfigError("files", cfg.files, "give one or more text files or globs, e.g. data.files=corpus.txt "
                           "or data.files=[a.txt,shards/*.txt]")
-    paths = []
+    paths: dict[Any, str] = {}  # inode -> real path: a hard link is the same file too
     for pattern in patterns:
-        matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+        matches = sorted(itertools.islice(glob_matches(os.path.expanduser(pattern)), MAX_FILES + 1))
         if not matches:
             raise ConfigError("files", pattern, "no such file (nothing matches)")
         for path in matches:
@@ -247,8 +287,97 @@ def resolved_files(cfg: TextConfig) -> list[str]:
                 raise ConfigError("files", path, "is not a file")
             if os.path.getsize(path) == 0:
                 raise ConfigError("files", path, "is empty")
-        paths += [os.path.abspath(p) for p in matches]
-    return paths
+            real = os.path.realpath(path)
+            paths.setdefault(_inode(path) or real, real)
+            if len(paths) > MAX_FILES or len(matches) > MAX_FILES:
+                raise ConfigError("files", cfg.files, f"names more than {MAX_FILES:,} files (the bound on "
+                                  f"data.files); give fewer, larger files or a narrower glob")
+    return list(paths.values())
+
+
+def glob_matches(pattern: str) -> Iterator[str]:
+    """What `glob.glob(pattern, recursive=True)` matches (hidden names only by a part that starts with "."),
+    except that `**` never enters a directory through a symlink, nor one it has entered already (a bind
+    mount of a parent): every walk ends. At most MAX_DIRECTORIES directories are listed."""
+    if not glob.has_magic(pattern):
+        if os.path.lexists(pattern):
+            yield pattern
+        return
+    root = os.sep if pattern.startswith(os.sep) else os.curdir
+    parts = [part for part in pattern.split(os.sep) if part]
+    parts = [part for i, part in enumerate(parts) if not (part == "**" and parts[i - 1:i] == ["**"])]
+    here = os.curdir + os.sep
+    for path in GlobWalk(pattern).matches(root, parts):
+        yield path[len(here):] if root == os.curdir and path != here else path  # relative, as it was given
+
+
+class GlobWalk:
+    """The directory listings of one pattern's matching, counted."""
+
+    def __init__(self, pattern: str):
+        self.pattern, self.listed = pattern, 0
+
+    def matches(self, directory: str, parts: list[str]) -> Iterator[str]:
+        """The paths under `directory` that the pattern's `parts` (its components, in order) match."""
+        part, rest = parts[0], parts[1:]
+        if part == "**":
+            for below in self.directories(directory):
+                yield from self.matches(below, rest) if rest else self.entries(below)
+        elif not glob.has_magic(part):
+            path = os.path.join(directory, part)
+            if not rest and os.path.lexists(path):
+                yield path
+            elif rest and os.path.isdir(path):
+                yield from self.matches(path, rest)
+        else:
+            for name in self.names(directory):
+                if fnmatch.fnmatch(name, part) and (part.startswith(".") or not name.startswith(".")):
+                    path = os.path.join(directory, name)
+                    if not rest:
+                        yield path
+                    elif os.path.isdir(path):  # a pattern part enters a link once: no recursion, no cycle
+                        yield from self.matches(path, rest)
+
+    def directories(self, top: str) -> Iterator[str]:
+        """`top` and every directory under it that is not hidden, never through a symlink, each once."""
+        entered = set()
+        for directory, subdirectories, _ in os.walk(top, followlinks=False):
+            self.count()
+            entered.add(_inode(directory))
+            subdirectories[:] = sorted(d for d in subdirectories if not d.startswith(".")
+                                       and _inode(os.path.join(directory, d)) not in entered)
+            yield directory
+
+    def entries(self, directory: str) -> Iterator[str]:
+        """What a trailing `**` matches in `directory`: the directory itself and its files."""
+        yield os.path.join(directory, "")
+        for name in self.names(directory):
+            if not name.startswith(".") and not os.path.isdir(os.path.join(directory, name)):
+                yield os.path.join(directory, name)
+
+    def names(self, directory: str) -> list[str]:
+        self.count()
+        try:
+            with os.scandir(directory) as entries:
+                return sorted(entry.name for entry in entries)
+        except OSError:  # unreadable or gone: matches nothing, as for glob
+            return []
+
+    def count(self) -> None:
+        self.listed += 1
+        if self.listed > MAX_DIRECTORIES:
+            raise ConfigError("files", self.pattern, f"lists more than {MAX_DIRECTORIES:,} directories (the bound "
+                              f"on data.files' globs); give a narrower glob")
+
+
+def _inode(path: str) -> Optional[tuple[int, int]]:
+    """What identifies a file or directory whatever the path to it (a hard link, a bind mount); None for one
+    gone since it was listed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @register("text")

@@ -24,7 +24,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from deepnorm_exp.records import write_json
+from deepnorm_exp.records import write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class FrontierSweeper(Sweeper):
         cells = [tuple(cell) for cell in self.planned_jobs(arguments)]
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # atomic, as every record
         launched = 0
 
         def probe(batch):
