@@ -243,3 +243,20 @@ def manifest_damage(directory: Path, expected: dict[str, list], skip: tuple[str,
     present = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()}
     extra = sorted(present - set(expected) - set(skip))
     return f"{extra[0]} was not written with it" if extra else None
+
+
+def parquet_size_problem(path: Path, max_rows: int, max_decoded_bytes: int) -> Optional[str]:
+    """Why the Parquet file at `path` is too large to read whole, from its footer alone (a few kB of
+    run-length encoding can decode to gigabytes), or None."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on a file that is not Parquet
+        return f"not a Parquet table ({type(e).__name__})"
+    decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if meta.num_rows > max_rows:
+        return f"{meta.num_rows:,} rows, over the {max_rows:,} it may hold"
+    if decoded > max_decoded_bytes:
+        return f"{decoded:,} bytes decoded, over the {max_decoded_bytes:,} it may hold"
+    return None

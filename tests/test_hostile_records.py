@@ -186,7 +186,7 @@ def test_a_table_is_bounded_by_its_footer_before_it_is_read(tmp_path, monkeypatc
     monkeypatch.setattr(published_schema, "MAX_ROWS", 100)
     read = []
     monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: read.append(a) or pytest.fail("read whole"))
-    with pytest.raises(published.PublishError, match="scalars.parquet: 1,000 rows, over the 100"):
+    with pytest.raises(published.PublishError, match="scalars.parquet: 1,000 rows, over the 100 it may hold"):
         published.load(directory.parent)
     assert read == []
 
@@ -394,3 +394,16 @@ def test_the_sinks_finish_before_the_summary_is_written(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "write_summary", lambda *a: order.append("summary") or write_summary(*a))
     run_experiment(config(tmp_path, "train.steps=2"), progress=False)
     assert order == ["sink", "summary"]
+
+
+def test_a_layer_file_that_decodes_to_more_rows_than_a_step_holds_is_skipped_unread(tmp_path, monkeypatch, caplog):
+    import numpy as np
+
+    from deepnorm_exp.sinks import layers
+
+    sink = layers.LayerFileSink(tmp_path / "layers")
+    sink.log_layers(2, {"position": np.arange(3), "grad_norm": np.ones(3)})
+    sink.log_layers(4, {"position": np.arange(300), "grad_norm": np.ones(300)})
+    monkeypatch.setattr(layers, "MAX_STEP_ROWS", 100)
+    assert layers.load_layers(tmp_path)["step"].tolist() == [2, 2, 2]
+    assert "step_0000004.parquet is damaged and was skipped (300 rows, over the 100 it may hold)" in caplog.text

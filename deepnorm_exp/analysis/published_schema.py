@@ -39,18 +39,7 @@ COMMIT = re.compile(r"[0-9a-f]{7,64}")
 
 def table_size_problem(path: Path) -> Optional[str]:
     """Why the Parquet file at `path` is too large to read whole, from its footer alone, or None."""
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.ParquetFile(path).metadata
-    except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on a file that is not Parquet
-        return f"not a Parquet table ({type(e).__name__})"
-    decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    if meta.num_rows > MAX_ROWS:
-        return f"{meta.num_rows:,} rows, over the {MAX_ROWS:,} a published table may hold"
-    if decoded > MAX_DECODED_BYTES:
-        return f"{decoded:,} bytes decoded, over the {MAX_DECODED_BYTES:,} a published table may hold"
-    return None
+    return records.parquet_size_problem(path, MAX_ROWS, MAX_DECODED_BYTES)
 
 
 def runs_problem(runs: pd.DataFrame) -> Optional[str]:

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..records import atomic_path
+from ..records import atomic_path, parquet_size_problem
 from . import Sink
 
 log = logging.getLogger("deepnorm_exp")
 
+# A step's file holds a row per residual block: 2,000 rows of ~20 numbers at depth 1,000. Far more is not one.
+MAX_STEP_ROWS, MAX_STEP_BYTES = 1_000_000, 256 * 2**20
 STEP_FILE = re.compile(r"step_(\d{7,})\.parquet")  # what log_layers names a file; nothing else is read back
 
 
@@ -76,6 +78,9 @@ def load_layers(run_dir: Path):
     # One file per step; columns differ where a step measured less (step 0 has no gradients): concat aligns.
     frames = []
     for _, path in step_files(Path(run_dir) / "layers"):
+        if why := parquet_size_problem(path, MAX_STEP_ROWS, MAX_STEP_BYTES):
+            log.warning("%s is damaged and was skipped (%s)", path, why)
+            continue
         try:
             frames.append(pd.read_parquet(path))
         except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on a damaged file
