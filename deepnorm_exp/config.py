@@ -137,9 +137,11 @@ class LoggerConfig:
 @dataclass
 class PathsConfig:
     runs: str = "${repo_root:}/runs"  # root of every run record (a writable directory, or creatable)
-    cache: str = "${paths.runs}/.cache"  # generated datasets and tokenized corpora
-    # submitit's job files (pickles it unpickles on the nodes): the user's own, never a shared run tree
-    submitit: str = "${oc.env:HOME}/.cache/deepnorm_exp/submitit"
+    # generated datasets and tokenized corpora, and every cache `datasets` and the hub fill (never $HF_HOME)
+    cache: str = "${paths.runs}/.cache"
+    # submitit's job files (pickles it unpickles on the nodes): the user's own, never a shared run tree. A
+    # plain `~`, expanded by submitit where it is used: a run that never launches through submitit needs no HOME
+    submitit: str = "~/.cache/deepnorm_exp/submitit"
 
 
 @dataclass

@@ -3,8 +3,9 @@
 `data=translation_hub` loads `load_dataset(data.path, data.config)`: any dataset whose rows hold a
 `translation` dict keyed by language (IWSLT 2017, WMT, OPUS-100 all do). `data.path` may also be a local
 directory of parquet/json files laid out like the hub's (train.*, validation.*): the same code runs for
-both, and the tests use that. Where the hub is unreachable and the cache lacks the dataset, loading stops
-with one line naming HF_HUB_OFFLINE and the cache path.
+both, and the tests use that. `datasets`' and the hub's caches are under `paths.cache` (data/hub.py), never
+$HF_HOME. Where the hub is unreachable and the cache lacks the dataset, loading stops with one line naming
+HF_HUB_OFFLINE and the cache path.
 
 Tokens: PAD 0, BOS 1, EOS 2, then the 256 byte values of the UTF-8 text (vocabulary 259, shared by both
 languages; the byte tokenizer of data/tokenizer.py reads them back). Sides longer than `max_len` bytes are cut.
@@ -72,7 +73,7 @@ class HubTranslation:
         return cfg.max_len + 1  # source: bytes + EOS; target input: BOS + bytes
 
     def _split(self, split: str, limit: Optional[int]):
-        data = load_hub(self.cfg.path, self.cfg.config, split)
+        data = load_hub(self.cfg.path, self.cfg.config, split, cache_dir=self.cache_dir)  # under paths.cache
         if limit is not None:
             data = data.select(range(min(limit, len(data))))
         return data

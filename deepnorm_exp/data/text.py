@@ -36,7 +36,7 @@ from ..config import check_seed
 from ..errors import ConfigError, RecordError, require_choice
 from . import TaskData, register, unigram_loss_from_counts
 from .cache import cache_key, load_entry
-from .hub import load_hub
+from .hub import hf_caches, load_hub
 from .packing import TokenBlocks, blocks_table, pack, token_stream
 from .tokenizer import BYTE_VOCAB, BpeTokenizer, ByteTokenizer, quiet_fork_warnings
 
@@ -396,8 +396,10 @@ class TextFiles(TokenStream):
     def documents(self):
         from datasets import load_dataset
 
-        docs = load_dataset("text", data_files={"train": resolved_files(self.cfg)}, sample_by=self.cfg.sample_by,
-                            encoding=self.cfg.encoding, split="train")
+        with hf_caches(self.cache_dir) as datasets_cache:  # datasets' cache under paths.cache, never $HF_HOME
+            docs = load_dataset("text", data_files={"train": resolved_files(self.cfg)}, split="train",
+                                sample_by=self.cfg.sample_by, encoding=self.cfg.encoding,
+                                cache_dir=str(datasets_cache))
         return self.hold_out(docs)
 
 
@@ -440,7 +442,7 @@ class HubText(TokenStream):
         return DatasetDict(train=train, eval=self._split(self.cfg.eval_split))
 
     def _split(self, split: str):
-        data = load_hub(self.cfg.path, self.cfg.config, split)
+        data = load_hub(self.cfg.path, self.cfg.config, split, cache_dir=self.cache_dir)  # under paths.cache
         if self.cfg.text_column not in data.column_names:
             raise ConfigError("data.text_column", self.cfg.text_column,
                               f"{self.cfg.path} has columns: {', '.join(data.column_names)}")
