@@ -108,14 +108,18 @@ def written(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
 
 
-def test_text_files_are_read_through_a_cache_under_paths_cache(tmp_path, foreign_caches):
-    """`data=text` read the files through datasets' cache in $HF_HOME: a read-only home failed the run."""
-    corpus = write_text(tmp_path / "corpus.txt", lines=200)
-    cache = tmp_path / "cache"
-    cfg = deepnorm_exp.compose(["data=text", f"data.files={corpus}", f"paths.cache={cache}", "train.seq_len=16"])
+def loads_under_paths_cache(cache: Path, foreign_caches: Path, *overrides: str) -> None:
+    """The data `overrides` name loads, and what `datasets` cached of it lies under `cache`, nothing elsewhere."""
+    cfg = deepnorm_exp.compose([*overrides, f"paths.cache={cache}", "train.seq_len=16"])
     load_data(cfg.data, cache)
     assert written(foreign_caches) == []
     assert any(p.endswith(".arrow") for p in written(cache / "huggingface"))
+
+
+def test_text_files_are_read_through_a_cache_under_paths_cache(tmp_path, foreign_caches):
+    """`data=text` read the files through datasets' cache in $HF_HOME: a read-only home failed the run."""
+    corpus = write_text(tmp_path / "corpus.txt", lines=200)
+    loads_under_paths_cache(tmp_path / "cache", foreign_caches, "data=text", f"data.files={corpus}")
 
 
 def test_a_hub_layout_copy_is_read_through_a_cache_under_paths_cache(tmp_path, foreign_caches):
@@ -124,11 +128,7 @@ def test_a_hub_layout_copy_is_read_through_a_cache_under_paths_cache(tmp_path, f
     for split, n in (("train", 120), ("validation", 20)):
         pd.DataFrame({"text": [f"document {i} of the {split} split" for i in range(n)]}).to_parquet(
             root / f"{split}.parquet")
-    cache = tmp_path / "cache"
-    cfg = deepnorm_exp.compose(["data=hub", f"data.path={root}", f"paths.cache={cache}", "train.seq_len=16"])
-    load_data(cfg.data, cache)
-    assert written(foreign_caches) == []
-    assert any(p.endswith(".arrow") for p in written(cache / "huggingface"))
+    loads_under_paths_cache(tmp_path / "cache", foreign_caches, "data=hub", f"data.path={root}")
 
 
 def test_translation_pairs_are_read_through_a_cache_under_paths_cache(tmp_path, foreign_caches):
