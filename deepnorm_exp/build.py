@@ -77,9 +77,10 @@ def check_writable_dir(key: str, value: str) -> None:
 def check_memory(cfg: DictConfig, device: torch.device, positions: int):
     """The memory estimate of training `cfg` on sequences of `positions` tokens; ConfigError if it exceeds
     the device (memory_check=false lets it try anyway)."""
-    from .train.memory import GIB, device_memory, estimate
+    from .train.memory import GIB, check_host_memory, device_memory, estimate
 
     guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions, holds_weight_copy(cfg.metrics))
+    check_host_memory(cfg, guess)  # first: data that cannot fit is named by its own keys, not by depth
     available = device_memory(device)
     if cfg.memory_check and guess.total_bytes > available:
         raise ConfigError("depth", cfg.depth, f"training would need ~{guess.total_bytes / GIB:,.1f} GiB "

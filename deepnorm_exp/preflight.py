@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .build import check_config, check_runtime
+from .build import check_config, check_runtime, make_scheme, model_depths
 from .compose import composition_error, missing_option, unreadable_override
 from .config import CONF_DIR
 from .errors import ConfigError, HarnessError, first_line
@@ -56,6 +57,8 @@ class Job:
     cfg: DictConfig  # checked, without the hydra node
     override_dirname: str  # Hydra's, what the run directory is named from
     fixed: bool  # launched exactly as composed (the basic sweeper); false when a sweeper picks values
+    memory: object = None  # train.memory.MemoryEstimate where the job trains on this machine
+    disk: object = None  # train.disk.DiskEstimate: the records it writes
 
     @property
     def run_dir(self) -> Path:
@@ -252,13 +255,49 @@ def planned_jobs(command: Command, master: DictConfig, task_function: Callable) 
 
 def check_job(overrides: list[str], job: ComposedJob, fixed: bool) -> Job:
     from .lifecycle.claim import check_claim
+    from .train import disk
+    from .train.memory import shape
 
     # A cluster launcher's jobs check their device and memory on their node, when they start.
-    check_runtime(job.cfg, check_config(job.cfg), job.world_size, here="Slurm" not in job.launcher)
-    checked = Job(overrides, job.cfg, job.override_dirname, fixed)
+    positions = check_config(job.cfg)
+    memory = check_runtime(job.cfg, positions, job.world_size, here="Slurm" not in job.launcher)
+    depths = model_depths(job.cfg)
+    model_shape = memory.shape if memory is not None else shape(job.cfg, make_scheme(job.cfg), tuple(depths))
+    records = disk.estimate(job.cfg, positions, model_shape, depths)
+    checked = Job(overrides, job.cfg, job.override_dirname, fixed, memory, records)
     if fixed:
         check_claim(checked.run_dir, job.cfg)
     return checked
+
+
+def concurrent_runs(launcher: DictConfig, jobs: int) -> int:
+    """How many of a sweep's runs its launcher trains at once: joblib's n_jobs, submitit's array_parallelism,
+    else one at a time."""
+    for key in ("n_jobs", "array_parallelism"):
+        value = launcher.get(key)
+        if isinstance(value, int) and value != 0:
+            return min(jobs, value if value > 0 else max((os.cpu_count() or 1) + 1 + value, 1))
+    return 1
+
+
+def check_records(jobs: Sequence[Job], concurrent: int = 1) -> str:
+    """The disk the runs' records will take against the free space where they go (ConfigError naming the
+    keys to change when it is short), and the line the pre-flight prints. A run that already finished
+    (resume=true) writes nothing more."""
+    from .lifecycle.summary import has_ended, read_summary
+    from .train import disk
+    from .train.memory import GIB, describe_data
+
+    writing = [job for job in jobs if not (job.fixed and job.cfg.resume
+                                           and has_ended(read_summary(job.run_dir / "summary.json")))]
+    planned = disk.plan([(job.cfg, job.disk) for job in writing if job.disk is not None], concurrent)
+    said = "; ".join(p.describe() for p in planned) or "every run already finished: no records to write"
+    estimates = [job.memory for job in writing if job.memory is not None]
+    if estimates:
+        most = max(estimates, key=lambda m: m.host_bytes)
+        data = f" ({describe_data(most.data)})" if most.data.peak else ""
+        said += f"; host memory ~{most.host_bytes / GIB:,.2f} GiB at most a run{data}"
+    return f"pre-flight: {len(jobs)} job{'s' if len(jobs) != 1 else ''} checked; {said}"
 
 
 def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tuple[list[Job], bool]:
@@ -278,11 +317,14 @@ def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tup
             with open_dict(cfg):
                 del cfg["hydra"]
             job = composed(cfg, hydra_node, hydra_node.job.override_dirname, launched=False)
-            return [check_job(command.overrides, job, True)], False
+            checked = [check_job(command.overrides, job, True)]
+            print(check_records(checked), file=sys.stderr, flush=True)
+            return checked, False
         master = command.compose(command.overrides, RunMode.MULTIRUN)
         jobs, fixed = planned_jobs(command, master, task_function)
         compose_job = JobComposer(command, master)
         checked = [check_job(job, compose_job(job), fixed) for job in jobs]
+        print(check_records(checked, concurrent_runs(master.hydra.launcher, len(checked))), file=sys.stderr, flush=True)
         if master.hydra.sweeper.get("_target_") == HYDRA_BASIC_SWEEPER:
             _checked.update(tuple(job.overrides) for job in checked)
         return checked, True

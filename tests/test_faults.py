@@ -5,8 +5,10 @@ fix it guards."""
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.train import checkpoint
 from deepnorm_exp.train.trainer import Callback
 
-from conftest import TINY, TINY_MODEL, PausedRun, run_cli, write_text
+from conftest import REPO, TINY, TINY_MODEL, PausedRun, run_cli, write_text
 
 
 class SimulatedCrash(Exception):
@@ -225,10 +227,27 @@ def test_a_new_start_removes_what_a_killed_write_left(tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_fails_in_one_line_with_a_summary_and_the_rerun_is_not_blocked(tmp_path, tmpfs):
-    disk = tmpfs("disk", size="1m")  # room for the records, not for a 3.6 MB checkpoint of the default model
+    """The disk is filled by someone else once the run has passed the pre-flight (which refuses a disk too
+    small for the records and checkpoints: test_resources.py): at step 1 it is left 300 kB, room for the
+    records but not for the 3.6 MB checkpoint of step 2."""
+    from test_distributed import pause_env
+
+    disk = tmpfs("disk", size="16m")
     args = ["depth=6", "train.steps=4", "train.ckpt_every=2", "train.log_every=1", "logger=none",
             f"paths.runs={disk}", f"paths.cache={tmp_path / 'cache'}", "metrics.layer_every=0"]
-    result = run_cli(*args)
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **pause_env(pause, 1)}
+    proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (pause / "paused").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    (disk / "filler").write_bytes(bytes(shutil.disk_usage(disk).free - 300_000))
+    (pause / "go").touch()
+    out, err = proc.communicate(timeout=300)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert result.returncode == 1
     assert "No space left on device" in one_error_line(result)
     run_dir = only_run_dir(disk)

@@ -405,7 +405,7 @@ def test_preset_time_counts_each_invocation_to_its_end_or_its_last_finished_run(
     assert (time.elapsed_s, time.worker_s, time.invocations, time.open) == (20 * 60 + 30 * 60, 2700.0, 3, 2)
     assert time.describe() == ("50 min 00 s elapsed over 3 invocations (2 stopped or still running: counted to their "
                                "last finished run); 3 runs, 45 min 00 s of run time; JoblibLauncher x 2 "
-                               "(with `logger=none`)")
+                               "(with <code>logger=none</code>)")
     assert preset_time(tmp_path / "none", runs).elapsed_s is None
     assert (duration(42.4), duration(343), duration(7380)) == ("42 s", "5 min 43 s", "2 h 03 min")
 
@@ -431,7 +431,9 @@ def test_generated_blocks_are_replaced_by_name_and_others_left_alone(tmp_path):
 
 def test_markdown_table_escapes_pipes_and_formats_floats():
     table = markdown_table(pd.DataFrame({"a": ["x|y"], "b": [0.123456], "c": [None]}), index=False)
-    assert table.splitlines() == ["| a | b | c |", "|---|---|---|", "| x\\|y | 0.1235 |  |"]
+    assert table.splitlines() == ["| a | b | c |", "|---|---|---|", "| x&#124;y | 0.1235 |  |"]
+    composed = markdown_table(pd.DataFrame({"a": ["`x|y`"]}), index=False, markdown=("a",))
+    assert composed.splitlines()[2] == "| `x\\|y` |"  # the code's own Markdown keeps its syntax, its pipes escaped
 
 
 @pytest.mark.parametrize("claim", claims.CLAIMS, ids=lambda c: c.paper[:40])

@@ -6,7 +6,7 @@ translation pairs), with the reference losses that make a run's eval loss readab
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -49,6 +49,25 @@ class DataSource(Protocol):
         """The longest sequence a model will be fed for `task` (checked against model.max_seq_len)."""
         ...
 
+    @staticmethod
+    def host_bytes(cfg: Any, task: str) -> "HostBytes":
+        """The host memory `load(task)` takes, from the config alone (nothing built or allocated). Optional:
+        a source without it is counted as taking none (`host_bytes` below)."""
+        ...
+
+
+@dataclass(frozen=True)
+class HostBytes:
+    """Host memory a data source takes, computed from its config (the memory estimate adds it).
+
+    `peak`: the most it holds at once while loading, building an uncached dataset included (the model is
+    built after it); `held`: what stays while the run trains (the tensors handed to the trainer); `parts`:
+    the share of `peak` each `data.*` key sizes (key without the prefix -> bytes), what a refusal names."""
+
+    peak: int
+    held: int
+    parts: dict[str, int] = field(default_factory=dict)
+
 
 SOURCES: Registry[type[DataSource]] = Registry("data", __name__)
 register = SOURCES.register
@@ -75,6 +94,23 @@ def check_data_config(data_cfg: Any, task: str = "lm") -> int:
     sequence the model will see."""
     cls = _source(data_cfg, task)
     return cls.positions(parse_section(cls.Config, data_cfg, "data"), task)
+
+
+def host_bytes(data_cfg: Any, task: str = "lm") -> HostBytes:
+    """What the data section's source says it takes in host memory (its `host_bytes`), without loading
+    anything; a source that does not say is counted as taking none."""
+    cls = _source(data_cfg, task)
+    measure = getattr(cls, "host_bytes", None)
+    if measure is None:
+        return HostBytes(0, 0)
+    try:  # a section check_config has checked: its dataclass directly (parse_section's merge costs ~10 ms)
+        from omegaconf import OmegaConf
+
+        values = OmegaConf.to_container(data_cfg, resolve=True) if OmegaConf.is_config(data_cfg) else dict(data_cfg)
+        cfg = cls.Config(**values)
+    except (TypeError, ValueError):  # not checked yet: the section's own errors, naming its keys
+        cfg = parse_section(cls.Config, data_cfg, "data")
+    return measure(cfg, task)
 
 
 def unigram_loss(train_targets: torch.Tensor, eval_targets: torch.Tensor, vocab_size: int, pad: int | None = None) -> float:

@@ -27,9 +27,9 @@ import torch
 
 from ..config import check_seed
 from ..errors import ConfigError
-from . import TaskData, register, unigram_loss
+from . import HostBytes, TaskData, register, unigram_loss
 from .cache import cache_key, cached_dataset
-from .translation import PAD, language_config, make_pairs
+from .translation import PAD, language_config, make_pairs, pair_bytes, pair_load_bytes
 
 GENERATOR_VERSION = 2  # bump when the generated tokens change, so stale caches are not reused
 
@@ -74,6 +74,33 @@ class SyntheticConfig:
                               f"must be >= translation_min_len={self.translation_min_len}")
         if not 0.0 <= self.translation_noise < 1.0:
             raise ConfigError("translation_noise", self.translation_noise, "must be in [0, 1)")
+
+
+# Host memory, from the config alone (`SyntheticMarkov.host_bytes`): what numpy allocates while the source
+# builds and loads, by array. tests/test_resources.py holds the estimate within 1.0-1.3x of real loads: their
+# numpy allocations (tracemalloc) and, for translation pairs, their peak resident memory.
+WORD = 8  # bytes of a float64 or int64 element: the tables, the random draws, the tokens while generated
+SEQUENCE_CLASS_BYTES = 26  # per sequence and class, each position: the (n, classes) class distribution, its
+# two gathered parts and its cumulative sum (numpy reuses temporaries above 256 kB; measured 24-25)
+SEQUENCE_BYTES = 32  # per sequence: its NLL, the previous classes, the drawn class, index arrays
+
+
+def table_bytes(classes: int, vocab_size: int) -> tuple[int, int]:
+    """(peak, held) bytes of `MarkovLanguage`'s tables: the trigram table is classes^3 floats, built from as
+    many random keys and their argsort order (two classes^3 arrays at once); the bigram table classes^2; per
+    token its class, log-probability, member index and emission probability."""
+    k = classes
+    held = WORD * (k**3 + k**2 + k) + 4 * WORD * vocab_size
+    return max(2 * WORD * k**3 + WORD * (k**2 + k), held), held
+
+
+def sample_bytes(n: int, length: int, classes: int, vocab_size: int) -> int:
+    """Peak bytes of `MarkovLanguage.sample(n, length)` beyond the tables: two uniform draws and the tokens
+    (n x length, 8 bytes each), and per position the class distributions (n x classes) or, when a class
+    holds more tokens than there are classes, the within-class cumulative sums (n x tokens per class)."""
+    per_class = -(-vocab_size // classes)
+    step = max(SEQUENCE_CLASS_BYTES * classes, WORD * classes + (WORD + 1) * per_class)
+    return n * (3 * WORD * length + step + SEQUENCE_BYTES)
 
 
 def zipf(n: int, exponent: float) -> np.ndarray:
@@ -154,6 +181,29 @@ class SyntheticMarkov:
     @staticmethod
     def positions(cfg: SyntheticConfig, task: str) -> int:
         return cfg.seq_len if task == "lm" else cfg.translation_max_len + 1  # target input: BOS + tokens
+
+    @staticmethod
+    def host_bytes(cfg: SyntheticConfig, task: str) -> HostBytes:
+        """Building (the tables, then sampling every sequence), then loading the cached dataset (its tokens
+        read back as int64), computed from the keys: nothing is generated. A cached dataset skips the
+        build; the estimate is the build's (an upper bound)."""
+        n = cfg.train_sequences + cfg.eval_sequences
+        if task == "lm":
+            length = cfg.seq_len + 1
+            tables_peak, tables_held = table_bytes(cfg.classes, cfg.vocab_size)
+            sequences = sample_bytes(n, length, cfg.classes, cfg.vocab_size)
+            load = 2 * WORD * n * length  # int64 tokens, and the unigram loss's copy of the targets
+            held = WORD * n * length
+        else:
+            real = language_config(cfg).vocab_size
+            tables_peak, tables_held = table_bytes(cfg.classes, real)
+            sequences = max(sample_bytes(n, cfg.translation_max_len, cfg.classes, real),
+                            pair_bytes(n, cfg.translation_max_len))
+            load, held = pair_load_bytes(n, cfg.translation_max_len)
+        build = max(tables_peak, tables_held + sequences)
+        tables = tables_peak if build == tables_peak else tables_held
+        return HostBytes(peak=max(build, load), held=held,
+                         parts={"classes": tables, "train_sequences": max(build, load) - tables})
 
     def build(self, task: str):
         from datasets import Dataset, DatasetDict

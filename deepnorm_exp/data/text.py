@@ -34,7 +34,7 @@ from omegaconf import MISSING
 from .. import records
 from ..config import check_seed
 from ..errors import ConfigError, RecordError, require_choice
-from . import TaskData, register, unigram_loss_from_counts
+from . import TaskData, register, text_size, unigram_loss_from_counts
 from .cache import cache_key, load_entry
 from .hub import hf_caches, load_hub
 from .packing import TokenBlocks, blocks_table, pack, token_stream
@@ -385,6 +385,10 @@ class TextFiles(TokenStream):
     """`load_dataset("text", data_files=...)`; a seeded eval split of the documents."""
 
     Config = TextConfig
+
+    @staticmethod
+    def host_bytes(cfg: TextConfig, task: str):
+        return text_size.host_bytes(cfg, resolved_files(cfg))  # from the files' sizes: nothing is read
 
     def identity(self) -> dict:
         return {"files": _file_identity(resolved_files(self.cfg)), "sample_by": self.cfg.sample_by,

@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from ..errors import HarnessError, RecordError
-from ..lifecycle.preemption import SIGNALS, act_as_before
+from ..signals import SIGNALS, act_as_before
 from ..records import atomic_path
 from .translation import BOS, EOS, PAD, SPECIALS
 

@@ -16,9 +16,9 @@ import logging
 import os
 import signal
 
-log = logging.getLogger("deepnorm_exp")
+from ..signals import SIGNALS, act_as_before
 
-SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+log = logging.getLogger("deepnorm_exp")
 
 
 def submitit_signal() -> int:
@@ -68,13 +68,3 @@ class PreemptionGuard:
             requeue(submitit_signal(), None)
             return
         act_as_before(self.signum, self.previous.get(self.signum, signal.SIG_DFL))
-
-
-def act_as_before(signum: int, handler) -> None:
-    """What `handler` (a signal's handler before ours) would have done with `signum`: call it, or for the
-    default action, take it (the process ends as its sender expects); an ignored signal stays ignored."""
-    if callable(handler):
-        handler(signum, None)
-    elif handler == signal.SIG_DFL:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)

@@ -14,7 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from .. import records
-from ..lifecycle.preemption import SIGNALS, act_as_before
+from ..signals import SIGNALS, act_as_before
 from ..lifecycle.summary import format_table, load_summaries
 
 SWEEP_LOG = "sweeps.jsonl"

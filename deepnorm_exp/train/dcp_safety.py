@@ -1,16 +1,19 @@
 """Reading a sharded checkpoint without running its content: DCP unpickles `.metadata` with plain
 `pickle.load` and each non-tensor value with `torch.load(weights_only=False)`; these replace both (see
-train/sharded.py). Apart from sharded.py so that importing it, which the pre-flight check does, does not
-import torch.distributed.checkpoint (a second)."""
+train/sharded.py). And writing one so that a full disk says so (`WriteErrorWriter`). Apart from sharded.py
+so that importing it, which the pre-flight check does, does not import torch.distributed.checkpoint (a
+second)."""
 
 from __future__ import annotations
 
 import io
 import pickle
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ..errors import RecordError, first_line
@@ -81,3 +84,61 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+class _KeepWriteError:
+    """A file DCP writes through, keeping the OSError of a failed write in `errors` (see WriteErrorWriter);
+    everything else is the file's."""
+
+    def __init__(self, file, path, errors: list):
+        self._file, self._path, self._errors = file, path, errors
+
+    def _kept(self, call, *args):
+        try:
+            return call(*args)
+        except OSError as e:
+            self._errors.append(OSError(e.errno, e.strerror, str(self._path)))
+            raise
+
+    def write(self, data) -> int:
+        return self._kept(self._file.write, data)
+
+    def flush(self) -> None:
+        self._kept(self._file.flush)
+
+    def close(self) -> None:
+        self._kept(self._file.close)
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+
+class _KeepingFileSystem(FileSystem):
+    def __init__(self):
+        super().__init__()
+        self.errors: list[OSError] = []
+
+    @contextmanager
+    def create_stream(self, path, mode):
+        with super().create_stream(path, mode) as stream:
+            yield _KeepWriteError(stream, path, self.errors) if "w" in mode else stream
+
+
+class WriteErrorWriter(FileSystemWriter):
+    """torch's FileSystemWriter, but a write that fails for want of space (or any OSError) raises that
+    OSError, naming the file: DCP writes each tensor with torch.save, whose zip writer turns it into a
+    RuntimeError about stream positions ("unexpected pos 704 vs 598"), which says nothing of a full disk."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.fs = _KeepingFileSystem()
+
+    def write_data(self, plan, planner):
+        try:
+            return super().write_data(plan, planner)
+        except OSError:
+            raise
+        except Exception:
+            if self.fs.errors:
+                raise self.fs.errors[0] from None
+            raise

@@ -4,7 +4,10 @@
 shards under FSDP; one copy of what DDP replicates) and `trainer.pt`, the rest of the trainer's state as in a
 one-process checkpoint (step, scheduler, batch position, loss scaler, callbacks by name, config), with every
 rank's random-number states. Written into `.checkpoint.dcp.tmp/` by all ranks together, then renamed by the
-main process after a barrier: a kill at any moment leaves the previous checkpoint or the new one.
+main process after a barrier: a kill at any moment leaves the previous checkpoint or the new one. A write that
+fails on any rank (a full disk: DCP's shards on one rank, trainer.pt on the main process) fails the save on
+every rank alike, the temporary removed before any rank leaves: the run fails in one line naming the
+checkpoint, as a one-process save does, and the previous checkpoint stays.
 
 Loading goes through torch's distributed state-dict API (`get_state_dict` / `set_state_dict`), which maps
 the saved shards onto whatever layout the resumed run has: the same ranks, fewer (down to one process,
@@ -29,7 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .. import records
-from ..errors import RecordError, first_line
+from ..errors import HarnessError, RecordError, first_line
 from ..runtime import Runtime
 from .damage import damaged
 
@@ -54,26 +57,59 @@ def save(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     and optimizer (its "rng" is gathered from every rank); `write_trainer_state(path, state)` writes it (the
     one-process checkpoint's verified writer)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from .dcp_safety import WriteErrorWriter
 
     temporary = temporary_dir(directory)
     if runtime.is_main and temporary.exists():
         shutil.rmtree(temporary)  # left by a kill
     runtime.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(temporary))
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, storage_writer=WriteErrorWriter(str(temporary)))
+    except CheckpointException as e:  # raised on every rank alike: DCP gathers every rank's failure
+        _give_up(temporary, runtime)
+        raise write_failure(e, directory) from None
     rngs = runtime.gather(trainer_state["rng"])
     files = written_files(temporary, runtime)
+    failure = None
     if runtime.is_main:
-        write_trainer_state(temporary / TRAINER_STATE, {**trainer_state, "rng": rngs[0], "rngs": rngs,
-                                                        "files": files})
-        old = previous_dir(directory)
-        shutil.rmtree(old, ignore_errors=True)  # left by a kill between the renames below and its removal
-        if directory.exists():
-            directory.rename(old)
-        temporary.rename(directory)
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            write_trainer_state(temporary / TRAINER_STATE, {**trainer_state, "rng": rngs[0], "rngs": rngs,
+                                                            "files": files})
+            old = previous_dir(directory)
+            shutil.rmtree(old, ignore_errors=True)  # left by a kill between the renames below and its removal
+            if directory.exists():
+                directory.rename(old)
+            temporary.rename(directory)
+            shutil.rmtree(old, ignore_errors=True)
+        except OSError as e:  # a full disk while writing trainer.pt: every rank is told, and the checkpoint named
+            failure = OSError(e.errno, e.strerror, str(directory)) if e.strerror else e
+        except HarnessError as e:
+            failure = e
+    failure = runtime.broadcast(failure)  # also the barrier: no rank goes on before the rename
+    if failure is not None:
+        _give_up(temporary, runtime)
+        raise failure
+
+
+def _give_up(temporary: Path, runtime: Runtime) -> None:
+    """After a save that every rank knows failed: the temporary removed (its space given back, as a failed
+    one-process write gives it) before any rank leaves to report the failure. The previous checkpoint stays."""
+    if runtime.is_main:
+        shutil.rmtree(temporary, ignore_errors=True)
     runtime.barrier()
+
+
+def write_failure(e: CheckpointException, directory: Path) -> BaseException:
+    """What a failed DCP save says: the first rank's OSError (a full disk), naming the checkpoint as the
+    one-process save names checkpoint.pt; anything else, which is a bug, as DCP raised it."""
+    for _, (failure, _trace) in sorted(e.failures.items()):
+        if isinstance(failure, OSError):
+            return OSError(failure.errno, failure.strerror, str(directory)) if failure.strerror else failure
+    return e
 
 
 def written_files(directory: Path, runtime: Runtime) -> dict[str, list]:

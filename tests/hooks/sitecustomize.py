@@ -9,6 +9,11 @@ one (another rank reaching the step at the same moment included), never pauses (
 
 DEEPNORM_TEST_ABORT_AT_EXIT=1: a torchrun worker (RANK is set; not the launcher itself) aborts (SIGABRT) if
 it reaches the interpreter's exit handlers, as a rank can when gloo's threads are torn down with it.
+
+DEEPNORM_TEST_DISK_FULL=<rank>:<pattern>: in the torchrun worker of that rank, a file whose name matches the
+shell pattern (e.g. `__1_*.distcp`, a shard DCP writes; `*trainer.pt*`, the temporary of a sharded
+checkpoint's trainer.pt), opened for writing in binary, takes its first 64 bytes and then fails as a full
+disk does (OSError ENOSPC): one rank's disk filling during a save, which the other ranks do not see.
 """
 
 import importlib.abc
@@ -75,3 +80,31 @@ if os.environ.get("DEEPNORM_TEST_ABORT_AT_EXIT") and "RANK" in os.environ:
     import atexit
 
     atexit.register(os.abort)
+
+
+def fill_disk(rank: str, pattern: str) -> None:
+    import builtins
+    import errno
+    import fnmatch
+    import io
+
+    room, real_open = 64, io.open
+
+    class FullDisk(io.BufferedWriter):
+        def write(self, data) -> int:
+            if self.tell() + memoryview(data).nbytes > room:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(data)
+
+    def open_on_a_full_disk(file, mode="r", *args, **kwargs):
+        if (isinstance(file, (str, os.PathLike)) and "w" in mode and "b" in mode
+                and fnmatch.fnmatch(os.path.basename(os.fspath(file)), pattern)):
+            return FullDisk(io.FileIO(file, "wb"))
+        return real_open(file, mode, *args, **kwargs)
+
+    if os.environ.get("RANK") == rank:
+        io.open = builtins.open = open_on_a_full_disk
+
+
+if ":" in os.environ.get("DEEPNORM_TEST_DISK_FULL", ""):
+    fill_disk(*os.environ["DEEPNORM_TEST_DISK_FULL"].split(":", 1))
