@@ -141,3 +141,18 @@ def test_the_command_line_refuses_a_probed_key_before_anything_runs(tmp_path, ca
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert line.startswith("deepnorm_exp: error: train.lr=1e-3 is invalid: hydra/sweeper=frontier probes train.lr")
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_bisection_probes_exact_midpoints_and_the_runs_use_them(tmp_path):
+    """Issue 39: the rates were rounded to 3 digits, so two brackets that exact bisection makes equal
+    (0.001-0.00204 and 0.00416-0.00848: ratios 4.160 and 4.157) differed, and a claim read the difference."""
+    lo, hi = 1e-3, 0.3
+    probe, _ = planted({"post": 0.005, "deepnorm": 0.0015})
+    cells = {c.key: c for c in search(["post", "deepnorm"], lo, hi, 2.05, probe)}
+    for cell in cells.values():  # three halvings of log(300): 300^(1/8) = 2.04, within the resolution
+        assert math.isclose(cell.unstable / cell.stable, (hi / lo) ** (1 / 8), rel_tol=1e-12)
+    sweep = sweeper(tmp_path)
+    report = sweep.sweep(["norm=post"])
+    used = [float(dict(o.split("=", 1) for o in job)["train.lr"]) for batch in sweep.launcher.launches for job in batch]
+    assert used[:3] == [1e-1, 1e-4, math.sqrt(1e-4 * 1e-1)]  # the ends, then the exact geometric midpoint
+    assert used == [probe["lr"] for probe in report["cells"][0]["probes"]]  # what ran is what the report says

@@ -115,7 +115,7 @@ class FrontierSweeper(Sweeper):
 
         def probe(batch):
             nonlocal launched
-            jobs = [[*cell, f"{self.key}={lr:g}"] for cell, lr in batch]
+            jobs = [[*cell, f"{self.key}={lr!r}"] for cell, lr in batch]  # the exact rate: repr round-trips
             size = self.max_batch_size or len(jobs)
             outcomes = []
             for start in range(0, len(jobs), size):  # one launch per max_batch_size probes
