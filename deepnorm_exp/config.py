@@ -106,6 +106,9 @@ class TrainConfig:
     # added to the loss that is backpropagated (never to the loss recorded); PaLM's 1e-4; 0: off
     z_loss: float = 0.0
     eval_every: int = 100  # steps between held-out evaluations (and after the last step)
+    # end the run at the first evaluation where it has trained (learned 10% of the gap; summary's
+    # trained_at_step, recorded either way): steps-to-train studies spend no compute after it
+    stop_when_trained: bool = False
     log_every: int = 10  # steps between scalar records (and at the last step)
     ckpt_every: int = 100  # steps between checkpoints (0: none); a finished run deletes its checkpoint
     keep_checkpoint: bool = False  # keep checkpoint.pt after the run completes or diverges
@@ -178,7 +181,7 @@ ConfigStore.instance().store(name="base_config", node=Config)
 # What a key the schema gained means in a config stored before the key existed, where that is not its
 # default: the behaviour those runs had. The resume check completes a stored config with these, so a run
 # trained before train.flush_denormal existed is never taken as one trained with it.
-ABSENT_MEANS = {"train": {"flush_denormal": False}}
+ABSENT_MEANS = {"train": {"flush_denormal": False, "stop_when_trained": False}}
 
 
 # What decides the weights a run ends with, and what does not: the one place both a run's directory name

@@ -24,12 +24,14 @@ from ..schemes import NormScheme
 from ..sinks import build_sinks
 from ..train import checkpoint
 from ..train.batches import RandomBatches
-from ..train.callbacks import DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics, WallClock
+from ..train.callbacks import (DivergenceDetector, Evaluation, ProgressBar, RecordFlusher, ScalarMetrics, TrainedAt,
+                               WallClock)
 from ..train.numerics import autocast_dtype, loss_scaler
 from ..train.optim import build_optimizer, build_scheduler
 from ..train.parallel import Routed, wrap
 from ..train.throughput import Throughput, flops_per_token, peak_flops
 from ..train.trainer import Callback, Trainer, evaluate, to_device
+from .summary import is_trained, learned_fraction
 
 
 @dataclass
@@ -43,6 +45,7 @@ class RunParts:
     metrics: ScalarMetrics | None = None
     throughput: Throughput | None = None
     evaluation: Evaluation | None = None
+    trained_at: TrainedAt | None = None
     divergence: DivergenceDetector | None = None
     clock: WallClock | None = None
     trainer: Trainer | None = None
@@ -80,6 +83,8 @@ def assemble(parts: RunParts, cfg: DictConfig, runtime: Runtime, scheme: NormSch
     parts.throughput = Throughput(summary["flops_per_token"], peak_flops(device, cfg.train.peak_tflops),
                                   runtime.world_size)
     parts.evaluation = Evaluation(cfg.train.eval_every, parts.eval_loss)
+    parts.trained_at = TrainedAt(lambda loss: is_trained(learned_fraction(loss, data.unigram_loss, data.optimal_loss)),
+                                 cfg.train.stop_when_trained)
     parts.divergence = DivergenceDetector(cfg.train.divergence.spike_factor, cfg.train.divergence.spike_patience,
                                           cfg.train.min_loss_scale)
     instruments, blocks = build_instruments(cfg.metrics, cfg.train.log_every, model, data.eval, device,
@@ -97,7 +102,7 @@ def assemble(parts: RunParts, cfg: DictConfig, runtime: Runtime, scheme: NormSch
         scaler=loss_scaler(cfg.train, device),
         # Gatherers first, then the divergence check (it keeps the last record), the bar, the flusher;
         # the checkpointer last, once every other callback's state is final for the step.
-        callbacks=[parts.metrics, parts.throughput, parts.evaluation, *instruments, parts.divergence,
+        callbacks=[parts.metrics, parts.throughput, parts.evaluation, parts.trained_at, *instruments, parts.divergence,
                    ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress if runtime.is_main else False),
                    RecordFlusher(parts.sinks, blocks.columns()), *callbacks, parts.clock, checkpointer],
     )

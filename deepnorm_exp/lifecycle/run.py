@@ -26,7 +26,7 @@ from .preemption import PreemptionGuard
 from .rundir import run_dir as make_run_dir
 from .rundir import run_name as make_run_name
 from .runlock import RunLock
-from .summary import TRAINED_FRACTION, format_summary, has_ended, learned_fraction, new_summary, write_summary
+from .summary import format_summary, has_ended, is_trained, learned_fraction, new_summary, write_summary
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -146,7 +146,7 @@ def summarise(parts: RunParts, cfg: DictConfig, runtime: Runtime, guard: Preempt
     if data.optimal_loss is not None and math.isfinite(evaluation.last):
         summary["excess_loss"] = evaluation.last - data.optimal_loss
     fraction = learned_fraction(evaluation.last, data.unigram_loss, data.optimal_loss)
-    summary.update(learned_fraction=fraction, trained=fraction is not None and fraction >= TRAINED_FRACTION)
+    summary.update(learned_fraction=fraction, trained=is_trained(fraction), trained_at_step=parts.trained_at.step)
     if divergence.event is not None:
         summary.update(status="diverged", diverged_at_step=divergence.event["step"],
                        divergence_reason=divergence.event["reason"], divergence=divergence.event)

@@ -100,7 +100,7 @@ SUMMARY: dict[str, Check] = {
     "status": _status, "run_name": name_problem, "norm": name_problem, "model": name_problem, "device": name_problem, "parallel": name_problem,
     "experiment": text_problem, "run_dir": text_problem, "error": text_problem, "eval_weights": text_problem, "divergence_reason": text_problem,
     "depth": integer(1), "seed": integer(-2**63), "steps": integer(), "steps_completed": integer(),
-    "eval_step": integer(), "resumed_from_step": integer(), "diverged_at_step": integer(),
+    "eval_step": integer(), "resumed_from_step": integer(), "trained_at_step": integer(), "diverged_at_step": integer(),
     "params": integer(), "world_size": integer(1), "skipped_steps": integer(),
     "initial_eval_loss": number(finite=False), "optimal_loss": number(0.0), "unigram_loss": number(0.0),
     "wall_s": number(0.0), "tokens_per_s": number(0.0), "flops_per_token": number(0.0), "mfu": number(0.0),

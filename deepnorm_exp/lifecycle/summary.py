@@ -33,12 +33,17 @@ def has_ended(summary: dict | None) -> bool:
 TRAINED_FRACTION = 0.1  # below this share of the learnable gap a run counts as `trained: false`
 
 
+def is_trained(fraction: Optional[float]) -> bool:
+    """The rule behind `trained`: the run closed at least TRAINED_FRACTION of the learnable gap."""
+    return fraction is not None and fraction >= TRAINED_FRACTION
+
+
 def new_summary(cfg: Any, name: str, out_dir: Path, runtime: Any, parallel: str, constants: dict,
                 memory_gib: float) -> dict:
     """The summary of a run that has just started: every key summary.json has (docs/records.md), with what
     is known before training and null for the rest; it says `failed` until the run says otherwise."""
     return {
-        "status": "failed", "trained": None, "learned_fraction": None,
+        "status": "failed", "trained": None, "learned_fraction": None, "trained_at_step": None,
         "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": None,
         "final_loss": None, "eval_loss": None, "eval_step": None, "eval_weights": None, "initial_eval_loss": None,
         "optimal_loss": None, "unigram_loss": None, "excess_loss": None,

@@ -86,6 +86,29 @@ class Evaluation(Callback):
         self.initial = state.get("initial")  # a checkpoint from before it was kept: unknown
 
 
+class TrainedAt(Callback):
+    """The first evaluation at which the run had trained (`trained(eval_loss)`: it learned the share of the
+    gap the summary's rule asks), its steps-to-train; with `stop`, the run ends there, so that a study of how
+    long each scheme takes to train spends nothing after. Install it after Evaluation."""
+
+    def __init__(self, trained: Callable[[float], bool], stop: bool):
+        self.trained, self.stop = trained, stop
+        self.step: int | None = None
+
+    def on_step_end(self, trainer: Trainer, out: StepOutput) -> None:
+        loss = trainer.record.get("eval_loss")
+        if self.step is None and loss is not None and self.trained(loss):
+            self.step = out.step
+            if self.stop:
+                trainer.request_stop(f"trained at step {out.step} (train.stop_when_trained)")
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+
+
 class DivergenceDetector(Callback):
     """Stops the run at a non-finite loss or gradient, or a loss stuck above factor x its minimum.
 
