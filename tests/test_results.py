@@ -399,11 +399,18 @@ def test_divergence_timing_and_verdicts():
     by_study = {c.study: c for c in claims.CLAIMS}
     assert by_study["paper_depth_sweep_encdec"].judge(e).outcome == NOT_RUN
     assert by_study["paper_1000l"].judge(evidence(runs_paper_1000l=pd.DataFrame())).outcome == NOT_TESTABLE
-    first = claims.CLAIMS[0].judge(evidence(runs_lr_study=lr_sweep(1)))
+    old_rule = claims.Claim("Post-LN fails with depth", "lr_study", "the 300-step rule",
+                            claims.post_unstable_with_depth("lr_study", claims.best_rates))
+    first = old_rule.judge(evidence(runs_lr_study=lr_sweep(1)))
     assert (first.outcome, first.numbers) == (REPRODUCED, "Post-LN trained: L6 3/3, L100 1/3; at L100 pre 3/3, deepnorm 3/3")
-    assert claims.CLAIMS[0].judge(evidence(runs_lr_study=lr_sweep(3))).outcome == NOT_REPRODUCED
+    assert old_rule.judge(evidence(runs_lr_study=lr_sweep(3))).outcome == NOT_REPRODUCED
+    # the paper's depth claim reads the steps-to-train study (issue 39): fails, or slower
+    from test_steps_to_train import LATE, NEVER, study
+    assert claims.CLAIMS[0].study == "steps_to_train"
+    assert claims.CLAIMS[0].judge(evidence(runs_steps_to_train=study(post_deep=NEVER))).outcome == REPRODUCED
+    assert claims.CLAIMS[0].judge(evidence(runs_steps_to_train=study(post_deep=LATE))).outcome == NOT_REPRODUCED
     # a sweep still running (or stopped): no verdict from its first runs, however they read
-    running = claims.CLAIMS[0].judge(evidence(runs_lr_study=lr_sweep(1), finished_lr_study=False))
+    running = old_rule.judge(evidence(runs_lr_study=lr_sweep(1), finished_lr_study=False))
     assert (running.outcome, running.numbers) == (UNFINISHED, f"{len(lr_sweep(1))} runs so far; `python -m deepnorm_exp."
                                                   "analysis.published --restore runs/lr_study`, then `python -m "
                                                   "deepnorm_exp -m experiment=lr_study`, continues it")
@@ -501,17 +508,19 @@ def test_a_sweep_is_finished_when_its_latest_invocation_ended_and_every_run_is_f
 
 def test_a_claim_is_withheld_while_its_sweep_runs_as_its_sweep_log_says(tmp_path):
     """Through Evidence's own reading of runs/<study>/sweeps.jsonl (the other tests set `finished`)."""
+    from test_steps_to_train import NEVER, study
+
     e = Evidence(tmp_path)
-    e._cache["runs", "lr_study"] = lr_sweep(1)
-    (tmp_path / "lr_study").mkdir()
-    log = tmp_path / "lr_study" / "sweeps.jsonl"
+    e._cache["runs", "steps_to_train"] = study(post_deep=NEVER)
+    (tmp_path / "steps_to_train").mkdir()
+    log = tmp_path / "steps_to_train" / "sweeps.jsonl"
     log.write_text(json.dumps({"at": "2026-11-30T10:00:00+00:00", "event": "start", "id": "a"}) + "\n")
     assert claims.CLAIMS[0].judge(e).outcome == UNFINISHED
     with open(log, "a") as f:
         f.write(json.dumps({"at": "2026-11-30T11:00:00+00:00", "event": "end", "id": "a"}) + "\n")
     assert claims.CLAIMS[0].judge(e).outcome == UNFINISHED  # read once per Evidence; a new one sees the end
     fresh = Evidence(tmp_path)
-    fresh._cache["runs", "lr_study"] = lr_sweep(1)
+    fresh._cache["runs", "steps_to_train"] = study(post_deep=NEVER)
     assert claims.CLAIMS[0].judge(fresh).outcome == REPRODUCED
 
 

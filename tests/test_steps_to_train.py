@@ -46,3 +46,81 @@ def test_a_run_that_trains_records_when_and_stops_there_when_asked(tmp_path):
     stopped = run_experiment(config(tmp_path / "stopped", *common, "train.stop_when_trained=true"), progress=False)
     assert stopped["status"] == "completed" and stopped["trained"]
     assert stopped["trained_at_step"] == stopped["steps_completed"] == stopped["eval_step"] == trained_at
+
+
+# -- the study's rules, on hand-made runs ----------------------------------------------------------------------
+def runs_frame(cells) -> "pd.DataFrame":
+    """cells: (norm, depth, lr, [(trained_at or None, status, diagnosis kind)] per seed), budget 3,000."""
+    import pandas as pd
+
+    rows = [{"norm": norm, "depth": depth, "train.lr": lr, "seed": seed, "steps": 3000, "status": status,
+             "trained_at_step": at, "diagnosis.kind": kind, "run_name": f"{norm}-L{depth}-lr{lr}-s{seed}"}
+            for norm, depth, lr, seeds in cells for seed, (at, status, kind) in enumerate(seeds)]
+    return pd.DataFrame(rows)
+
+
+EARLY = [(100, "completed", "trained")] * 2
+LATE = [(900, "completed", "still_learning"), (1500, "completed", "still_learning")]
+NEVER = [(None, "completed", "stuck_on_plateau"), (None, "diverged", "loss_blow_up")]
+
+
+def study(post_deep, post_shallow=EARLY, others_deep=EARLY):
+    return runs_frame([("post", 6, 1e-3, post_shallow), ("post", 100, 1e-3, post_deep),
+                       ("post", 100, 3e-4, post_deep),
+                       *[(norm, depth, 1e-3, EARLY if depth == 6 else others_deep)
+                         for norm in ("pre", "deepnorm") for depth in (6, 100)]])
+
+
+def test_the_median_is_the_step_by_which_half_the_seeds_had_trained():
+    import pandas as pd
+
+    from deepnorm_exp.analysis.steps_to_train import median_steps
+
+    assert median_steps(pd.Series([300.0, 100.0, None, None])) == 300.0  # 2 of 4 by step 300
+    assert median_steps(pd.Series([100.0, None, None])) != median_steps(pd.Series([100.0, None, None]))  # NaN
+
+
+def test_post_ln_that_never_trains_at_depth_while_the_others_train_early_fails():
+    from deepnorm_exp.analysis.steps_to_train import post_unstable_with_depth
+
+    met, numbers = post_unstable_with_depth(study(post_deep=NEVER))
+    assert met is True and numbers.endswith("(Post-LN fails at L100: no seed at any rate trained)")
+    assert "post: L6 100 (2/2 by 3000), L100 none (0/2 by 3000: 1 diverged, 1 stuck_on_plateau)" in numbers
+
+
+def test_post_ln_that_trains_late_at_depth_is_slower_not_unstable():
+    """The pattern budget_study showed at L18: untrained at step 300, trained by 600-900."""
+    from deepnorm_exp.analysis.steps_to_train import post_unstable_with_depth
+
+    met, numbers = post_unstable_with_depth(study(post_deep=LATE))
+    assert met is False and "L100 900 (2/2 by 3000)" in numbers and "slower with depth" in numbers
+
+
+def test_the_budget_decides_where_no_other_scheme_trains_early_at_depth():
+    from deepnorm_exp.analysis.steps_to_train import post_unstable_with_depth
+
+    met, numbers = post_unstable_with_depth(study(post_deep=NEVER, others_deep=LATE))
+    assert met is None and "neither Pre-LN nor DeepNorm trains every seed by step 300 at L100" in numbers
+
+
+def test_post_ln_failing_at_the_shallowest_depth_too_is_not_a_depth_effect():
+    from deepnorm_exp.analysis.steps_to_train import post_unstable_with_depth
+
+    assert post_unstable_with_depth(study(post_deep=NEVER, post_shallow=NEVER))[0] is None
+
+
+def test_one_rate_that_trains_is_enough_not_to_fail_and_the_best_rate_is_the_fastest():
+    from deepnorm_exp.analysis.steps_to_train import best_rates, cell_table, post_unstable_with_depth, run_outcomes
+
+    runs = study(post_deep=NEVER)
+    runs.loc[(runs.norm == "post") & (runs.depth == 100) & (runs["train.lr"] == 3e-4), "trained_at_step"] = 2000.0
+    assert post_unstable_with_depth(runs)[0] is False
+    best = best_rates(cell_table(run_outcomes(runs))).set_index(["norm", "depth"])
+    assert best.loc[("post", 100), "lr"] == 3e-4 and best.loc[("post", 100), "median"] == 2000.0
+
+
+def test_deepnorm_trains_everywhere_only_if_every_seed_at_its_best_rate_trained():
+    from deepnorm_exp.analysis.steps_to_train import deepnorm_trains_everywhere
+
+    assert deepnorm_trains_everywhere(study(post_deep=NEVER))[0] is True
+    assert deepnorm_trains_everywhere(study(post_deep=NEVER, others_deep=NEVER))[0] is False

@@ -22,7 +22,7 @@ import pandas as pd
 
 from .. import records
 from ..locks import FileLock
-from . import budget, comparison_table, lr_study, mitigations, plots, published
+from . import budget, comparison_table, lr_study, mitigations, plots, published, steps_to_train
 from .runs import config_by_run, config_column
 from .tables import diagnosis_table, shared_value
 from .claims import NOT_RUN, Evidence, judge
@@ -48,6 +48,10 @@ class Study:
 
 
 STUDIES = [
+    Study("steps_to_train", "Slow or unstable: steps to train against depth",
+          "Post-LN, Pre-LN and DeepNorm at depths 6-100, four rates, two seeds, each run trained until it has trained "
+          "or for 3,000 steps (ten times the other studies' 300); steps-to-train read with censoring (the rules: "
+          "deepnorm_exp/analysis/steps_to_train.py)."),
     Study("lr_study", "Final loss against learning rate (each scheme at its own best rate)",
           "Post-LN, Pre-LN and DeepNorm at depths 6, 18 and 50, two seeds, on a half-decade grid of learning rates "
           "from 1e-4 to 1e-1, 300 steps (Wortsman et al. 2023; the rules: deepnorm_exp/analysis/lr_study.py)."),
@@ -262,7 +266,16 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             diagnoses(page, evidence.runs(name))
         return write
 
-    return {"paper_depth_sweep": depth_sweep("paper_depth_sweep"),
+    def steps(page: Page) -> None:
+        cells = steps_to_train.cell_table(steps_to_train.run_outcomes(evidence.runs("steps_to_train")))
+        page.add(f"Per scheme, depth and rate: seeds trained by step {steps_to_train.SHORT_BUDGET} (`by_short`) and "
+                 "by the budget (`by_budget`), the median steps-to-train (the first step by which half the seeds had "
+                 "trained; empty: fewer than half ever did), and how the others ended (diverged, or their diagnosis):",
+                 markdown_table(cells, index=False))
+        page.add("Each scheme's best rate per depth (the smallest median, then the most seeds trained):",
+                 markdown_table(steps_to_train.best_rates(cells), index=False))
+
+    return {"steps_to_train": steps, "paper_depth_sweep": depth_sweep("paper_depth_sweep"),
             "paper_depth_sweep_encdec": depth_sweep("paper_depth_sweep_encdec"),
             "gpu_depth": depth_sweep("gpu_depth"),
             "frontier_depth": frontier, "model_update": model_update, "lr_study": learning_rates,

@@ -1,0 +1,138 @@
+"""Slow or unstable: how many steps each run took to train, read with censoring (experiment=steps_to_train).
+
+The studies before this one judged "Post-LN fails with depth" on 300 steps, and a run still on the unigram
+plateau at step 300 read as failed; Post-LN at depth 18 leaves that plateau by step 600-900 (budget_study).
+The paper's failures are divergence and runs that "did not converge" within its budget (its IWSLT depth sweep
+trained 8,000 steps, "since most divergence occurs at the beginning of optimization"). So each run here trains
+until it has trained (`train.stop_when_trained`: the 10% rule, `summary.trained_at_step`) or to a budget ten
+times the old one, and ends as one of:
+
+* trained at step t (its steps-to-train, on the evaluation grid);
+* diverged without having trained (the divergence rule stopped it);
+* censored: it ran the whole budget without training (its diagnosis says why: plateau, collapse, ...).
+
+Per cell (scheme, depth, rate): the share of seeds trained by the old budget (SHORT_BUDGET) and by the run's
+budget, and the median steps-to-train, the first step by which half the seeds had trained (every censored seed
+ran the whole budget, so this is the Kaplan-Meier median; a diverged seed never trains). Per scheme and depth,
+its best rate: the smallest median (no median counts as infinite), then the most seeds trained.
+
+The rules (fixed before the study's runs; tests/test_steps_to_train.py holds each against frames where it is
+false): a scheme *fails* at a depth when no seed at any rate trained within the budget; it *trains early* there
+when every seed at its best rate trained by SHORT_BUDGET. "Post-LN becomes unstable with depth" is reproduced
+when Post-LN fails at the deepest depth and trains at the shallowest, while Pre-LN or DeepNorm trains early at
+the deepest; not reproduced when Post-LN trains at every depth (then the numbers say how much slower it is);
+not testable when no other scheme trains early at the deepest depth (the budget, not the scheme, decides), or
+when Post-LN fails at the shallowest depth too. "DeepNorm trains at every depth": every DeepNorm seed at its
+best rate trained within the budget at every depth.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from .runs import config_column, outcomes
+
+SHORT_BUDGET = 300  # the studies' budget before this one: a scheme that trains by it "trains early"
+CELL = ["norm", "depth", "lr"]
+
+
+def run_outcomes(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run that ended: its cell, seed, budget, steps-to-train (NaN: never) and how it ended
+    (trained, diverged, censored), with its diagnosis where it did not train."""
+    ended = outcomes(runs)
+    if ended.empty:
+        return pd.DataFrame(columns=[*CELL, "seed", "budget", "trained_at", "ended", "why"])
+    trained_at = pd.to_numeric(ended.get("trained_at_step", pd.Series(np.nan, index=ended.index)), errors="coerce")
+    ended_as = np.where(trained_at.notna(), "trained", np.where(ended["status"].eq("diverged"), "diverged", "censored"))
+    why = ended.get("diagnosis.kind", pd.Series(None, index=ended.index)).fillna("none")
+    return pd.DataFrame({"norm": ended["norm"], "depth": ended["depth"].astype(int),
+                         "lr": pd.to_numeric(config_column(ended, "train.lr"), errors="coerce"),
+                         "seed": ended["seed"], "budget": pd.to_numeric(ended["steps"], errors="coerce"),
+                         "trained_at": trained_at, "ended": ended_as,
+                         "why": np.where(ended_as == "trained", "", np.where(ended_as == "diverged", "diverged", why))})
+
+
+def median_steps(trained_at: pd.Series) -> float:
+    """The first step by which half the seeds had trained (NaN where fewer than half ever did)."""
+    times = np.sort(trained_at.dropna().to_numpy())
+    needed = int(np.ceil(len(trained_at) / 2))
+    return float(times[needed - 1]) if len(times) >= needed else float("nan")
+
+
+def cell_table(ran: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: seeds, trained by SHORT_BUDGET and by the budget (counts), the median steps-to-train, and
+    how the seeds that did not train ended."""
+    rows = []
+    for (norm, depth, lr), cell in ran.groupby(CELL, sort=True):
+        failed = cell.loc[cell["ended"] != "trained", "why"].value_counts()
+        rows.append({"norm": norm, "depth": depth, "lr": lr, "seeds": len(cell), "budget": int(cell["budget"].max()),
+                     "by_short": int((cell["trained_at"] <= SHORT_BUDGET).sum()),
+                     "by_budget": int(cell["trained_at"].notna().sum()),
+                     "median": median_steps(cell["trained_at"]),
+                     "not_trained": ", ".join(f"{n} {kind}" for kind, n in sorted(failed.items(), key=lambda kv: (-kv[1], kv[0])))})
+    return pd.DataFrame(rows, columns=[*CELL, "seeds", "budget", "by_short", "by_budget", "median", "not_trained"])
+
+
+def best_rates(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per scheme and depth, the cell of its best rate: the smallest median steps-to-train, then the most
+    seeds trained by the budget, then by SHORT_BUDGET, then the smaller rate."""
+    if cells.empty:
+        return cells
+    ranked = cells.assign(_median=cells["median"].fillna(np.inf))
+    ranked = ranked.sort_values(["norm", "depth", "_median", "by_budget", "by_short", "lr"],
+                                ascending=[True, True, True, False, False, True])
+    return ranked.groupby(["norm", "depth"], sort=True).head(1).drop(columns="_median").reset_index(drop=True)
+
+
+def fails(cells: pd.DataFrame, norm: str, depth: int) -> bool:
+    """No seed of `norm` at any rate trained within the budget at `depth`."""
+    of = cells[(cells["norm"] == norm) & (cells["depth"] == depth)]
+    return not of.empty and int(of["by_budget"].sum()) == 0
+
+
+def trains_early(best: pd.DataFrame, norm: str, depth: int) -> bool:
+    """Every seed of `norm` at its best rate trained by SHORT_BUDGET at `depth`."""
+    row = best[(best["norm"] == norm) & (best["depth"] == depth)]
+    return not row.empty and int(row["by_short"].iloc[0]) == int(row["seeds"].iloc[0])
+
+
+def describe(best: pd.DataFrame, norm: str) -> str:
+    """"post: L6 100 (2/2), L100 none (0/2: 2 stuck_on_plateau)": median steps-to-train at the best rate."""
+    parts = []
+    for row in best[best["norm"] == norm].itertuples():
+        median = "none" if np.isnan(row.median) else f"{row.median:.0f}"
+        failed = f": {row.not_trained}" if row.not_trained else ""
+        parts.append(f"L{row.depth} {median} ({row.by_budget}/{row.seeds} by {row.budget}{failed})")
+    return f"{norm}: " + ", ".join(parts)
+
+
+def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Optional[bool], str]:
+    """The claim's rule (module docstring): fails, slower, or the data cannot tell."""
+    cells = cell_table(run_outcomes(runs))
+    best = best_rates(cells)
+    depths = sorted(best.loc[best["norm"] == "post", "depth"].unique())
+    if len(depths) < 2:
+        return None, f"Post-LN ran at {len(depths)} depth(s)"
+    shallowest, deepest = depths[0], depths[-1]
+    text = ("median steps-to-train at each scheme's best rate (seeds trained by the budget): "
+            + "; ".join(describe(best, norm) for norm in ("post", "pre", "deepnorm") if norm in set(best["norm"])))
+    if not any(trains_early(best, norm, deepest) for norm in ("pre", "deepnorm")):
+        return None, text + f" (neither Pre-LN nor DeepNorm trains every seed by step {SHORT_BUDGET} at L{deepest})"
+    if fails(cells, "post", shallowest):
+        return None, text + f" (Post-LN fails at L{shallowest} too: not a depth effect)"
+    if fails(cells, "post", deepest):
+        return True, text + f" (Post-LN fails at L{deepest}: no seed at any rate trained)"
+    if all(not fails(cells, "post", depth) for depth in depths):
+        return False, text + " (Post-LN trains at every depth: slower with depth where its median grows, not unstable)"
+    return None, text + " (Post-LN fails at a depth between, not at the deepest)"
+
+
+def deepnorm_trains_everywhere(runs: pd.DataFrame) -> tuple[Optional[bool], str]:
+    best = best_rates(cell_table(run_outcomes(runs)))
+    of = best[best["norm"] == "deepnorm"]
+    if of.empty:
+        return None, "no DeepNorm run"
+    return bool((of["by_budget"] == of["seeds"]).all()), "median steps-to-train at its best rate: " + describe(best, "deepnorm")
