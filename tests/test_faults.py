@@ -225,6 +225,18 @@ def test_a_new_start_removes_what_a_killed_write_left(tmp_path):
     assert not any(path.exists() for path in left)
 
 
+def fill_when_paused(proc: subprocess.Popen, pause: Path, disk: Path, left: int = 300_000) -> tuple[str, str]:
+    """Once `proc` has paused at its step (tests/hooks), fill `disk` up to `left` free bytes, as another
+    process would, let the run go on, and return its (stdout, stderr) when it ends."""
+    deadline = time.monotonic() + 300
+    while not (pause / "paused").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    (disk / "filler").write_bytes(bytes(shutil.disk_usage(disk).free - left))
+    (pause / "go").touch()
+    return proc.communicate(timeout=300)
+
+
 @pytest.mark.slow
 def test_a_full_disk_fails_in_one_line_with_a_summary_and_the_rerun_is_not_blocked(tmp_path, tmpfs):
     """The disk is filled by someone else once the run has passed the pre-flight (which refuses a disk too
@@ -240,13 +252,7 @@ def test_a_full_disk_fails_in_one_line_with_a_summary_and_the_rerun_is_not_block
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **pause_env(pause, 1)}
     proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", *args], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while not (pause / "paused").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.05)
-    (disk / "filler").write_bytes(bytes(shutil.disk_usage(disk).free - 300_000))
-    (pause / "go").touch()
-    out, err = proc.communicate(timeout=300)
+    out, err = fill_when_paused(proc, pause, disk)
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert result.returncode == 1
     assert "No space left on device" in one_error_line(result)

@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 
 import pytest
 
 from conftest import REPO
 from test_distributed import COMMON, hooks_env, kill_at_step, pause_env, torchrun
-from test_faults import mount_tmpfs
+from test_faults import fill_when_paused, mount_tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -69,13 +68,7 @@ def test_a_disk_that_fills_during_a_sharded_save_is_one_line_and_leaves_no_tempo
     pause = tmp_path / "pause"
     pause.mkdir()
     proc = torchrun(*args, env_extra=pause_env(pause, 1), popen=True)
-    deadline = time.monotonic() + 300
-    while not (pause / "paused").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.05)
-    (disk / "filler").write_bytes(bytes(shutil.disk_usage(disk).free - 300_000))
-    (pause / "go").touch()
-    out, err = proc.communicate(timeout=300)
+    out, err = fill_when_paused(proc, pause, disk)
     (line,) = set(ranks_said(subprocess.CompletedProcess(proc.args, proc.returncode, out, err)))
     assert "No space left on device" in line and line.endswith("/checkpoint.dcp"), line
     assert not list(disk.rglob("*.tmp")), list(disk.rglob("*"))  # the failed save gave its space back
