@@ -307,7 +307,7 @@ def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep
     them (checked against the summaries read here), the others say how to run them, every figure exists and
     is small, and the README's generated blocks are rewritten from the same records."""
     root = tmp_path / "runs"
-    for study in ("paper_depth_sweep", "model_update", "quickstart", "lr_study"):
+    for study in ("paper_depth_sweep", "model_update", "quickstart", "lr_study", "steps_to_train"):
         shutil.copytree(sweep, root / study)
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:quickstart -->\nold table\n<!-- /results:quickstart -->\nmiddle\n"
@@ -335,8 +335,8 @@ def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep
             for line in sections["The paper's claims"].splitlines() if line.startswith("| ")][1:]
     claims = [(text, study.strip("`"), outcome.strip("*")) for text, study, _, outcome, _ in rows]
     assert len(claims) == len(CLAIMS)
-    verdict = {text.strip(): outcome for text, study, outcome in claims if study == "lr_study"}
-    all_trained = all(s["status"] == "completed" and s["trained"] for s in summaries if s["norm"] == "deepnorm")
+    verdict = {text.strip(): outcome for text, study, outcome in claims if study == "steps_to_train"}
+    all_trained = all(s["trained_at_step"] is not None for s in summaries if s["norm"] == "deepnorm")
     assert verdict["DeepNorm trains at every depth."] == ("reproduced at this scale" if all_trained else "not reproduced")
     assert dict((s, o) for _, s, o in claims)["paper_1000l"] == "not testable here"
     # the tiny sweep's own sweeps.jsonl: its one invocation, timed, with its launcher
