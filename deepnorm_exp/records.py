@@ -32,6 +32,8 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
+from .errors import first_line
+
 log = logging.getLogger("deepnorm_exp")
 
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -134,10 +136,6 @@ def read_json(path: Path) -> Optional[Any]:
     except (ValueError, UnicodeDecodeError, OSError, RecursionError) as e:  # JSONDecodeError is a ValueError
         log.warning("%s is damaged and was skipped (%s: %s)", path, type(e).__name__, first_line(e))
         return None
-
-
-def first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 class RecordTooLarge(ValueError):

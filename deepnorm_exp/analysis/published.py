@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from .. import records
 from . import published_schema as schema
-from ..errors import HarnessError
+from ..errors import HarnessError, first_line
 from ..sweeps.hydra_callbacks import SWEEP_LOG
 from ..lifecycle.summary import FINAL, write_summary
 from ..sinks.layers import LayerFileSink
@@ -106,7 +106,7 @@ class Published:
         try:
             return problem(read(path))
         except (OSError, ValueError, UnicodeDecodeError) as e:
-            return records.first_line(e)
+            return first_line(e)
 
     def table(self, name: str) -> pd.DataFrame:
         if name not in self._frames:

@@ -16,6 +16,7 @@ from typing import Optional
 import pandas as pd
 
 from .. import records
+from ..errors import first_line
 from ..lifecycle.runlock import held_elsewhere
 from ..lifecycle.schema import REQUIRED, config_problem
 from ..lifecycle.diagnosis import diagnose_run_dir
@@ -121,7 +122,7 @@ def _config(path: Path) -> dict:
         config = records.read_yaml(path)
     except (OSError, ValueError, UnicodeDecodeError) as e:  # damaged, too large, aliases: never expanded
         log.warning("%s is damaged; its run is listed without its config (%s: %s)", path, type(e).__name__,
-                    records.first_line(e))
+                    first_line(e))
         return {}
     return config if isinstance(config, dict) else {}
 
