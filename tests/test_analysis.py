@@ -333,7 +333,7 @@ def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep
     # The claims: one row each; "DeepNorm trains at every depth" as the summaries say
     rows = [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
             for line in sections["The paper's claims"].splitlines() if line.startswith("| ")][1:]
-    claims = [(text, study.strip("`"), outcome.strip("*")) for text, study, _, outcome, _ in rows]
+    claims = [(text, study.strip("`"), outcome.strip("*")) for text, _, study, _, outcome, _ in rows]
     assert len(claims) == len(CLAIMS)
     verdict = {text.strip(): outcome for text, study, outcome in claims if study == "steps_to_train"}
     all_trained = all(s["trained_at_step"] is not None for s in summaries if s["norm"] == "deepnorm")

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from deepnorm_exp.analysis import claims, mechanism
+from deepnorm_exp.analysis import claims
 from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, UNFINISHED, Evidence
 from deepnorm_exp.analysis.results import build_results, markdown_table, update_blocks
 from deepnorm_exp.analysis.timing import duration, preset_time, sweep_finished
@@ -97,196 +97,6 @@ def test_deepnorm_everywhere_and_loss_comparisons():
     diverged = runs.copy()
     diverged.loc[(diverged.norm == "deepnorm") & (diverged.depth == 100) & (diverged.seed == 0), "status"] = "diverged"
     assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(evidence(runs_paper_depth_sweep=diverged))[0] is False
-
-
-WARMUP = 20  # the peak learning rate is reached at step 20 in these frames
-DEPTHS = (6, 18, 100)
-
-
-def mech_runs(depths=DEPTHS, seeds=(0, 1)) -> pd.DataFrame:
-    return pd.DataFrame([run(n, d, s, **{
-        "train.warmup_steps": WARMUP, "model.d_model": 64, "alpha.decoder": 2.0 if n == "deepnorm" else np.nan})
-        for n in ("post", "pre", "deepnorm") for d in depths for s in seeds])
-
-
-def mech_scalars(post_growth=3.0, deep_at_peak=1.0, post_late=0.1, depths=DEPTHS, seeds=(0, 1)):
-    """model_update at the peak step (20): DeepNorm `deep_at_peak` at every depth, Post-LN that times
-    post_growth ** log10(depth / 6) (so the ratio grows with depth when post_growth > 1); before the peak,
-    something else entirely (a reading at the wrong step would see it). Per-step change: 1 early and 1 late for
-    every scheme but Post-LN, whose late changes are `post_late` ** log10(depth / 6) ... of its early ones."""
-    rows = []
-    for norm in ("post", "pre", "deepnorm"):
-        for depth in depths:
-            grow = np.log10(depth / 6)
-            for seed in seeds:
-                peak = {"post": deep_at_peak * post_growth ** grow * 1.5, "pre": 2.0, "deepnorm": deep_at_peak}[norm]
-                peak += 0.001 * seed
-                for step in range(1, 2 * WARMUP + 1):
-                    update = peak if step == WARMUP else 99.0
-                    late = post_late ** grow if norm == "post" else 1.0
-                    rows.append(dict(norm=norm, depth=depth, run_name=f"{norm}-L{depth}-s{seed}", step=step,
-                                     model_update=update, model_update_step=1.0 if step <= WARMUP else late))
-    return pd.DataFrame(rows)
-
-
-def mech(scalars=None, layers=None, runs=None, **extension) -> Evidence:
-    """The same frames in model_update and in the study the size claims read (its tenth of the rate)."""
-    frames = {}
-    for study in ("model_update", mechanism.SIZE_STUDY):
-        frames[f"runs_{study}"] = mech_runs() if runs is None else runs
-        frames[f"scalars_{study}"] = mech_scalars() if scalars is None else scalars
-        if layers is not None:
-            frames[f"layers_{study}"] = layers
-    return evidence(**{**frames, **extension})
-
-
-def test_the_model_update_explodes_is_a_ratio_to_deepnorm_growing_with_depth_read_at_the_peak():
-    met, numbers = claims.post_update_explodes(mech())
-    assert met and "Post-LN / DeepNorm L6 1.5, L100 5.74" in numbers  # 1.5 * 3 ** log10(100 / 6) = 5.74
-    # the claim is false: Post-LN's update is larger than DeepNorm's, by the same factor at every depth
-    met, numbers = claims.post_update_explodes(mech(mech_scalars(post_growth=1.0)))
-    assert met is False and "L6 1.5, L100 1.5" in numbers
-    # DeepNorm's own update saturated (over 0.8 sqrt(2 * 64) = 9.05): no contrast left to read
-    met, numbers = claims.post_update_explodes(mech(mech_scalars(deep_at_peak=10.0)))
-    assert met is None and "saturated" in numbers
-    # a run without warm-up is read at step 1
-    no_warmup = mech_runs().assign(**{"train.warmup_steps": 0})
-    assert mechanism.peak_steps(no_warmup).eq(1).all()
-
-
-def test_the_size_claims_read_the_tenth_of_the_rate_and_the_others_model_update():
-    """model_update saturated (every update 10, over 0.8 sqrt(2 * 64) = 9.05) beside a clean tenth-rate study:
-    the size claims are decided from the latter; the per-step ratio still reads model_update."""
-    saturated = mech_scalars(deep_at_peak=10.0, post_late=1.0)
-    e = mech(scalars_model_update=saturated)
-    assert claims.post_update_explodes(e)[0] is True and claims.deepnorm_update_bounded(e)[0] is True
-    assert claims.post_update_then_stops(e)[0] is False
-    e = mech(**{f"scalars_{mechanism.SIZE_STUDY}": saturated})
-    assert claims.post_update_explodes(e)[0] is None and claims.deepnorm_update_bounded(e)[0] is None
-    assert claims.post_update_then_stops(e)[0] is True
-    assert {c.study for c in claims.CLAIMS if c.check in (claims.post_update_explodes,
-                                                         claims.deepnorm_update_bounded)} == {mechanism.SIZE_STUDY}
-
-
-def test_the_paper_range_decides_and_the_thousand_layer_runs_are_shown_beside_it():
-    """At L1000 (the extension) Post-LN stops no more than DeepNorm: shown, and the verdict unchanged."""
-    big = mech_scalars(post_late=1.0, depths=(1000,), seeds=(0,))
-    e = mech(runs_model_update_1000l=mech_runs(depths=(1000,), seeds=(0,)), scalars_model_update_1000l=big)
-    met, numbers = claims.post_update_then_stops(e)
-    assert met is True and "(extension, not judged, `model_update_1000l`: " in numbers and "L1000 1" in numbers
-    # the rule reads only 6-100: a study whose deepest depth is 1,000 alone cannot decide
-    only_deep = mech(mech_scalars(depths=(6, 1000)), runs=mech_runs(depths=(6, 1000)))
-    assert claims.post_update_explodes(only_deep)[0] is None
-
-
-def test_the_update_then_stops_against_deepnorms_own_ratio_and_across_depth():
-    met, numbers = claims.post_update_then_stops(mech())
-    assert met and "Post-LN's over DeepNorm's L6 1, L100 0.06" in numbers  # 0.1 ** log10(100 / 6) = 0.060
-    met, _ = claims.post_update_then_stops(mech(mech_scalars(post_late=1.0)))  # stops no more than DeepNorm
-    assert met is False
-    data = mech_scalars()
-    no_late_post = data[~((data.norm == "post") & (data.step > WARMUP))]
-    assert claims.post_update_then_stops(mech(no_late_post))[0] is None
-
-
-def test_deepnorms_update_is_bounded_when_it_does_not_grow_beyond_the_seeds_spread():
-    met, numbers = claims.deepnorm_update_bounded(mech())
-    assert met and "L6 1, L18 1, L100 1" in numbers
-    growing = mech_scalars()
-    grows = (growing.norm == "deepnorm") & (growing.depth == 100) & (growing.step == WARMUP)
-    growing.loc[grows, "model_update"] = 1.5  # well beyond the seeds' spread (0.0007)
-    met, numbers = claims.deepnorm_update_bounded(mech(growing))
-    assert met is False and "L100 1.5" in numbers
-    infinite = mech_scalars()
-    infinite.loc[infinite.norm == "deepnorm", "model_update"] = np.inf
-    assert claims.deepnorm_update_bounded(mech(infinite))[0] is None
-    # saturated at both ends (over 0.8 sqrt(2 * 64) = 9.05): it could not have grown, no reading
-    met, numbers = claims.deepnorm_update_bounded(mech(mech_scalars(deep_at_peak=9.5)))
-    assert met is None and "saturated" in numbers
-    # growth seen from an unsaturated shallow end up to a saturated deep one is growth
-    to_saturation = mech_scalars()
-    to_saturation.loc[(to_saturation.norm == "deepnorm") & (to_saturation.depth == 100)
-                      & (to_saturation.step == WARMUP), "model_update"] = 9.5
-    assert claims.deepnorm_update_bounded(mech(to_saturation))[0] is False
-
-
-def mech_layers(post_bottom=0.01, deep_bottom=1.0, pre_bottom=2.0, post_ln=3.0, deep_ln=1.2):
-    """Per-layer rows at steps 10 (before the peak: misleading values) and 20 (the peak); Post-LN's values are
-    those at L100, moving toward 1 at L6."""
-    rows = []
-    for norm, bottom, ln in (("post", post_bottom, post_ln), ("pre", pre_bottom, 1.0), ("deepnorm", deep_bottom, deep_ln)):
-        for depth in DEPTHS:
-            shrink = np.log10(depth / 6) / np.log10(100 / 6) if norm == "post" else 1.0
-            b, l = bottom ** shrink, ln ** shrink * (2.0 if norm == "deepnorm" else 1.0)
-            for step in (10, WARMUP):
-                for position in range(20):
-                    rows.append(dict(norm=norm, depth=depth, run_name=f"{norm}-L{depth}-s0", step=step,
-                                     position=position, grad_norm=(b if position < 2 else 1.0) if step == WARMUP else 5.0,
-                                     ln_input_norm=l * 8.0 if step == WARMUP else 100.0))
-    return pd.DataFrame(rows)
-
-
-def test_gradient_and_ln_input_claims_compare_with_deepnorm_and_across_depth():
-    e = mech(layers=mech_layers())
-    met, numbers = claims.post_gradient_vanishes(e)
-    assert met and "post: L6 1, L18" in numbers and "L100 0.01" in numbers
-    # DeepNorm's gradient vanishes as much: not Post-LN's trait, and the claim must fail
-    assert claims.post_gradient_vanishes(mech(layers=mech_layers(deep_bottom=0.001)))[0] is False
-    assert claims.pre_bottom_gradients_larger(e)[0] is True
-    assert claims.pre_bottom_gradients_larger(mech(layers=mech_layers(pre_bottom=0.5)))[0] is False
-    met, numbers = claims.post_ln_inputs_grow(e)  # 3 sqrt(d) for Post-LN at L100; 1.2 alpha sqrt(d) for DeepNorm
-    assert met and "deepnorm: L6 1.2" in numbers and "L100 3" in numbers
-    assert claims.post_ln_inputs_grow(mech(layers=mech_layers(deep_ln=4.0)))[0] is False
-
-
-def test_gradient_and_ln_input_trends_must_beat_the_seeds_spread():
-    """Two seeds: Post-LN's L100 value moves past its L6 one and past DeepNorm's on average, but by less than
-    the two seeds of its L100 cell differ: no trend to read, and the claims must say not reproduced."""
-    def two_seeds(**kw) -> pd.DataFrame:
-        first = mech_layers(**kw)
-        second = first.assign(run_name=first["run_name"].str.replace("-s0", "-s1"))
-        post_deep = second["norm"].eq("post") & second["depth"].eq(100)
-        # seed 1 at L100 back to the L6 value: the mean still moves, the seeds disagree by more than it
-        second.loc[post_deep, ["ln_input_norm", "grad_norm"]] = [8.0, 1.0]
-        return pd.concat([first, second], ignore_index=True)
-
-    clear = mech(layers=pd.concat([mech_layers(), mech_layers().assign(
-        run_name=lambda f: f["run_name"].str.replace("-s0", "-s1"))], ignore_index=True))
-    assert claims.post_ln_inputs_grow(clear)[0] is True and claims.post_gradient_vanishes(clear)[0] is True
-    met, numbers = claims.post_ln_inputs_grow(mech(layers=two_seeds(post_ln=1.6, deep_ln=1.0)))
-    assert met is False and "(seeds' spread 0.424)" in numbers  # std of 1.6 and 1.0, ddof 1 (units of sqrt(d))
-    assert claims.post_gradient_vanishes(mech(layers=two_seeds()))[0] is False
-
-
-def test_the_warmup_contrast_is_post_lns_ratio_against_deepnorms():
-    def frame(post_no_warmup: float, post_warmup: float = 1.0, depths=(18,)):
-        runs, rows = [], []
-        for depth in depths:
-            for norm in ("post", "deepnorm"):
-                for warmup in (0, 100):
-                    name = f"{norm}-L{depth}-w{warmup}"
-                    runs.append(run(norm, depth, run_name=name, **{"train.warmup_steps": warmup, "model.d_model": 64}))
-                    value = {("post", 0): post_no_warmup, ("post", 100): post_warmup, ("deepnorm", 0): 3.0,
-                             ("deepnorm", 100): 1.0}[norm, warmup]
-                    if depth != depths[0] and norm == "post":
-                        value = {0: 2.0, 100: 1.0}[warmup]  # a deeper depth where Post-LN's ratio is the lower
-                    rows += [dict(norm=norm, depth=depth, run_name=name, step=step,
-                                  model_update=value if step == 10 else 50.0) for step in (1, 10, 11)]
-        study = mechanism.WARMUP_STUDY
-        return evidence(**{f"runs_{study}": pd.DataFrame(runs), f"scalars_{study}": pd.DataFrame(rows)})
-    # the saturation bound for d 64: 0.8 sqrt(128) = 9.05
-    met, numbers = claims.warmup_matters_more_for_post(frame(post_no_warmup=9.0))
-    assert met and numbers == "model update after 10 steps, without warm-up over with it: deepnorm L18 3, post L18 9"
-    assert claims.warmup_matters_more_for_post(frame(post_no_warmup=2.0))[0] is False
-    # Post-LN's update without warm-up over the bound: no ratio to read at the only depth
-    met, numbers = claims.warmup_matters_more_for_post(frame(post_no_warmup=10.0))
-    assert met is None and numbers.endswith("(saturated at L18: an update over 0.8 sqrt(2 d), as far as unrelated "
-                                            "outputs lie apart)")
-    # ... and with warm-up too: a ratio near 1 there would otherwise read "not reproduced"
-    assert claims.warmup_matters_more_for_post(frame(post_no_warmup=10.5, post_warmup=9.5))[0] is None
-    # a saturated depth is left out, and the readable one decides: here it is false
-    met, numbers = claims.warmup_matters_more_for_post(frame(post_no_warmup=10.0, depths=(18, 50)))
-    assert met is False and numbers.endswith("(saturated, left out: L18)")
 
 
 def frontier(post_slope: float) -> pd.DataFrame:
@@ -467,6 +277,12 @@ def test_every_claim_states_its_study_and_rule(claim):
     from pathlib import Path
 
     assert claim.rule and (Path(__file__).parents[1] / "conf" / "experiment" / f"{claim.study}.yaml").is_file()
+    # where the paper measured it, quoted: one setting per claim, none left over
+    assert claim.setting and sum(claim.paper.startswith(start) for start in claims.PAPER_SETTINGS) == 1
+
+
+def test_every_papers_setting_belongs_to_a_claim():
+    assert all(any(c.paper.startswith(start) for c in claims.CLAIMS) for start in claims.PAPER_SETTINGS)
 
 
 def test_an_empty_readme_block_is_filled(tmp_path):

@@ -150,6 +150,21 @@ def test_dsinit_scales_layer_ls_weights_by_one_over_sqrt_l(base):
     assert isinstance(model.final_norm, nn.Identity) == (base == "post")
 
 
+def test_post_init_divides_layer_ls_xavier_normal_draw_by_n_minus_l_plus_1():
+    """DeepNet section 3: W ~ N(0, 1 / (k_l^2 d')), k_l = N - l + 1, l = 1..N: the bottom layer narrowed by N,
+    the top one not at all; per stack in an encoder-decoder (the decoder's cross-attention with its layer)."""
+    model, _ = build("post_init", 8, *WIDE)
+    for layer, k in ((0, 8), (3, 5), (7, 1)):
+        block = model.blocks[layer]
+        assert role_std(block.ffn, "fc2") == pytest.approx(xavier_std(256, 64) / k, rel=0.05)
+        assert role_std(block.attn, "q") == pytest.approx(xavier_std(64, 64) / k, rel=0.05)
+    assert type(model.blocks[0].attn).__name__ == "PostNormResidual" and isinstance(model.final_norm, nn.Identity)
+    encdec, _ = build("post_init", 3, *WIDE, "model.decoder_depth=6", model="encdec")
+    top_of_encoder, bottom_of_decoder = encdec.encoder[2], encdec.decoder[0]
+    assert role_std(top_of_encoder.ffn, "fc1") == pytest.approx(xavier_std(64, 256), rel=0.05)
+    assert role_std(bottom_of_decoder.cross, "v") == pytest.approx(xavier_std(64, 64) / 6, rel=0.05)
+
+
 def test_tfixup_has_no_norm_and_scales_weights_and_embeddings_by_depth():
     depth = 12
     model, _ = build("tfixup", depth, *WIDE)

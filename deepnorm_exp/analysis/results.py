@@ -22,7 +22,7 @@ import pandas as pd
 
 from .. import records
 from ..locks import FileLock
-from . import budget, comparison_table, lr_study, mitigations, plots, published, steps_to_train
+from . import budget, comparison_table, early_window, lr_study, mitigations, plots, published, steps_to_train
 from .runs import config_by_run, config_column
 from .tables import diagnosis_table, shared_value
 from .claims import NOT_RUN, Evidence, judge
@@ -59,18 +59,23 @@ STUDIES = [
           "Post-LN, Pre-LN and DeepNorm at depths 6 and 18, two seeds, each at its best rate from the learning-rate "
           "study (conf/tuned_lr/lr_study.yaml), 4,800 steps read at 300, 1,200 and 4,800 (the rules: "
           "deepnorm_exp/analysis/budget.py)."),
-    Study("model_update", "Model update, LayerNorm inputs and per-layer gradients (the paper's figures 3-5)",
-          "The first 200 steps (warm-up 100) at depths 6 to 100, the paper's range, two seeds, lr 1e-3, every scalar "
-          "every step, per-layer vectors every 10."),
-    Study("model_update_low_lr", "The model update at a tenth of the rate (the size claims' reading)",
+    Study("early_update_encdec", "The first steps at the paper's shape (its figures 4 and 5)",
+          "64-128-2 encoder-decoders at 6L-6L to 100L-100L, Post-LN, Post-LN-init, DeepNorm and Pre-LN, with the "
+          "paper's 4k warm-up and without, two seeds, the first 30 steps at peak rate 5e-4, every scalar every "
+          "step, per-layer vectors every 5 (the rules: deepnorm_exp/analysis/early_window.py)."),
+    Study("model_update", "Decoder-only model update, LayerNorm inputs and per-layer gradients (a second view, "
+          "not judged)", "The first 200 steps (warm-up 100) at depths 6 to 100, two seeds, lr 1e-3, every scalar "
+          "every step, per-layer vectors every 10. The mechanism claims read early_update_encdec, the paper's shape "
+          "and window, instead."),
+    Study("model_update_low_lr", "The same at a tenth of the rate (a second view, not judged)",
           "model_update's training at lr 1e-4: at 1e-3 every scheme's update reaches about sqrt(2 d) by the peak, as "
-          "far as unrelated outputs lie apart, and the claims about its size read this study instead."),
+          "far as unrelated outputs lie apart."),
     Study("model_update_1000l", "The same at 1,000 layers (an extension, not judged)",
-          "model_update's training at depth 1,000, one seed: shown beside the verdicts, never in them."),
-    Study("warmup_contrast_low_lr", "With and without warm-up (the paper's contrast)",
+          "model_update's training at depth 1,000, one seed."),
+    Study("warmup_contrast_low_lr", "Decoder-only, with and without warm-up (a second view, not judged)",
           "Post-LN and DeepNorm at 18 layers, warm-up 0 and 100 steps, two seeds, lr 1e-4, the model update every "
-          "step: at 1e-3 Post-LN's update is near sqrt(2 d) after 10 steps with warm-up and without, and the claim "
-          "reads this study instead."),
+          "step. The paper's contrast (Post-LN with and without warm-up, and Post-LN-init) is judged on "
+          "early_update_encdec."),
     Study("warmup_contrast", "The same at the quick start's rate (a second view, not judged)",
           "warmup_contrast_low_lr's training at lr 1e-3."),
     Study("mitigation_study", "Mitigations where Post-LN fails (an extension, not judged)",
@@ -195,11 +200,24 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
     def model_update(page: Page) -> None:
         runs = evidence.at_one_lr("model_update")
         page.figure("model_update", plots.model_update(evidence.scalars("model_update")),
-                    "||F(x,θt) − F(x,θ0)|| over the first steps, per scheme, one line per depth (figures 4-5).")
+                    "||F(x,θt) − F(x,θ0)|| over the first steps, per scheme, one line per depth (decoder-only).")
         page.figure("ln_input_norm", plots.ln_input_norm(evidence.layers("model_update"), runs),
-                    "LayerNorm input ||x|| / sqrt(d) by position in the stack, at the last per-layer step (figure 3).")
+                    "LayerNorm input ||x|| / sqrt(d) by position in the stack, at the last per-layer step.")
         page.figure("layer_grad_norm", plots.layer_profile(evidence.layers("model_update"), "grad_norm"),
                     "Per-layer gradient norm by position in the stack, at the last per-layer step.")
+
+    def early_update(page: Page) -> None:
+        runs, scalars = evidence.at_one_lr(early_window.STUDY), evidence.scalars(early_window.STUDY)
+        warm = config_by_run(runs, "train.warmup_steps").fillna(0) > 0
+        for flag, label, name in ((True, "with the 4k warm-up (figure 5's training)", "early_update_warmup"),
+                                  (False, "without warm-up (figure 4(a)'s contrast)", "early_update_no_warmup")):
+            of = scalars[scalars["run_name"].isin(warm.index[warm == flag])] if not scalars.empty else scalars
+            page.figure(name, plots.model_update(of), f"||F(x,θt) − F(x,θ0)|| over the first "
+                        f"{early_window.WINDOW} steps {label}, per scheme, one line per depth (N-N).")
+        page.add("What the rules read, mean over the seeds (update @k: ||F(x,θk) − F(x,θ0)||; step change: "
+                 "||F(x,θt) − F(x,θt−1)||; LN input growth: the mean over blocks at the window's end over step 0; "
+                 "decoder bottom / top grad: its bottom-10% over top-10% blocks' gradient norm at the window's end):",
+                 markdown_table(early_window.window_table(evidence), index=False))
 
     def learning_rates(page: Page) -> None:
         runs = evidence.runs("lr_study")
@@ -275,7 +293,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
         page.add("Each scheme's best rate per depth (the smallest median, then the most seeds trained):",
                  markdown_table(steps_to_train.best_rates(cells), index=False))
 
-    return {"steps_to_train": steps, "paper_depth_sweep": depth_sweep("paper_depth_sweep"),
+    return {"steps_to_train": steps, early_window.STUDY: early_update, "paper_depth_sweep": depth_sweep("paper_depth_sweep"),
             "paper_depth_sweep_encdec": depth_sweep("paper_depth_sweep_encdec"),
             "gpu_depth": depth_sweep("gpu_depth"),
             "frontier_depth": frontier, "model_update": model_update, "lr_study": learning_rates,
@@ -354,9 +372,10 @@ def frontier_law_text(fit: pd.DataFrame) -> str:
 
 def claims_table(evidence: Evidence) -> str:
     # the claims' own text, composed in claims.py from numbers and names the records' schema admits
-    rows = [{"the paper": c.paper, "study": f"`{c.study}`", "rule": c.rule, "here": f"**{v.outcome}**",
-             "numbers": v.numbers} for c, v in judge(evidence)]
-    return markdown_table(pd.DataFrame(rows), index=False, markdown=("the paper", "study", "rule", "here", "numbers"))
+    rows = [{"the paper": c.paper, "where the paper measured it": c.setting, "study": f"`{c.study}`", "rule": c.rule,
+             "here": f"**{v.outcome}**", "numbers": v.numbers} for c, v in judge(evidence)]
+    return markdown_table(pd.DataFrame(rows), index=False, markdown=(
+        "the paper", "where the paper measured it", "study", "rule", "here", "numbers"))
 
 
 def times_table(evidence: Evidence, root: Path) -> str:
