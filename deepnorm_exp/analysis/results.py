@@ -63,6 +63,9 @@ STUDIES = [
           "64-128-2 encoder-decoders at 6L-6L to 100L-100L, Post-LN, Post-LN-init, DeepNorm and Pre-LN, with the "
           "paper's 4k warm-up and without, two seeds, the first 30 steps at peak rate 5e-4, every scalar every "
           "step, per-layer vectors every 5 (the rules: deepnorm_exp/analysis/early_window.py)."),
+    Study("encdec_1000l", "1,000 layers at this width",
+          "DeepNorm and Pre-LN 500L-500L encoder-decoders at d_model 64 on the synthetic translation task, one seed "
+          "each, the encoder-decoder depth sweep's training, each until it has trained or for 2,000 steps."),
     Study("model_update", "Decoder-only model update, LayerNorm inputs and per-layer gradients (a second view, "
           "not judged)", "The first 200 steps (warm-up 100) at depths 6 to 100, two seeds, lr 1e-3, every scalar "
           "every step, per-layer vectors every 10. The mechanism claims read early_update_encdec, the paper's shape "
@@ -284,16 +287,11 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             diagnoses(page, evidence.runs(name))
         return write
 
-    def steps(page: Page) -> None:
-        cells = steps_to_train.cell_table(steps_to_train.run_outcomes(evidence.runs("steps_to_train")))
-        page.add(f"Per scheme, depth and rate: seeds trained by step {steps_to_train.SHORT_BUDGET} (`by_short`) and "
-                 "by the budget (`by_budget`), the median steps-to-train (the first step by which half the seeds had "
-                 "trained; empty: fewer than half ever did), and how the others ended (diverged, or their diagnosis):",
-                 markdown_table(cells, index=False))
-        page.add("Each scheme's best rate per depth (the smallest median, then the most seeds trained):",
-                 markdown_table(steps_to_train.best_rates(cells), index=False))
+    def steps(name: str) -> Callable[[Page], None]:
+        return lambda page: steps_table(page, evidence.runs(name))
 
-    return {"steps_to_train": steps, early_window.STUDY: early_update, "paper_depth_sweep": depth_sweep("paper_depth_sweep"),
+    return {"steps_to_train": steps("steps_to_train"), early_window.STUDY: early_update,
+            "encdec_1000l": steps("encdec_1000l"), "paper_depth_sweep": depth_sweep("paper_depth_sweep"),
             "paper_depth_sweep_encdec": depth_sweep("paper_depth_sweep_encdec"),
             "gpu_depth": depth_sweep("gpu_depth"),
             "frontier_depth": frontier, "model_update": model_update, "lr_study": learning_rates,
@@ -301,6 +299,18 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             "model_update_1000l": thousand_layers, "warmup_contrast": warmup("warmup_contrast"),
             "warmup_contrast_low_lr": warmup("warmup_contrast_low_lr"), "mitigation_study": mitigation,
             "quickstart": one_seed_table("quickstart"), "zoo_depth_sweep": one_seed_table("zoo_depth_sweep")}
+
+
+def steps_table(page: Page, runs: pd.DataFrame) -> None:
+    """A steps-to-train study's cells (steps_to_train.py): trained by the old budget and by the run's, the
+    censored median, how the rest ended, and each scheme's best rate per depth."""
+    cells = steps_to_train.cell_table(steps_to_train.run_outcomes(runs))
+    page.add(f"Per scheme, depth and rate: seeds trained by step {steps_to_train.SHORT_BUDGET} (`by_short`) and "
+             "by the budget (`by_budget`), the median steps-to-train (the first step by which half the seeds had "
+             "trained; empty: fewer than half ever did), and how the others ended (diverged, or their diagnosis):",
+             markdown_table(cells, index=False))
+    page.add("Each scheme's best rate per depth (the smallest median, then the most seeds trained):",
+             markdown_table(steps_to_train.best_rates(cells), index=False))
 
 
 def diagnoses(page: Page, runs: pd.DataFrame, scope: str = "") -> None:
