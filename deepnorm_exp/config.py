@@ -37,6 +37,9 @@ def tuned_lr(*, _root_: DictConfig) -> float:
                          "`- override /tuned_lr: lr_study`)")
     norm, depth = OmegaConf.select(_root_, "norm.name"), OmegaConf.select(_root_, "depth")
     rate = OmegaConf.select(table, f"rates.{norm}.L{depth}", default=None)
+    if not table.rates:
+        raise ValueError(f"{table.source} has measured no rates yet: `python -m deepnorm_exp -m "
+                         f"experiment={table.source}`, then `make results`, writes them")
     if rate is None:
         cells = "; ".join(f"{n} at " + ", ".join(str(d) for d in by_depth) for n, by_depth in table.rates.items())
         raise ValueError(f"{table.source} measured no best rate for {norm} at depth {depth} (it has: {cells})")

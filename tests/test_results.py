@@ -80,20 +80,10 @@ def test_post_ln_instability_with_depth_is_judged_on_trained_shares():
     assert not met and "L100 3/3" in numbers and numbers.endswith("(3 failed or unfinished runs left out)")
 
 
-def test_deepnorm_everywhere_and_loss_comparisons():
+def test_deepnorm_everywhere():
     runs = sweep(post_trained_at_100=0)
     e = evidence(runs_paper_depth_sweep=runs)
     assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(e) == (True, "DeepNorm trained: L6 3/3, L100 3/3")
-    met, numbers = claims.lower_loss_than("deepnorm", "pre", "paper_depth_sweep")(e)
-    assert met and numbers == ("mean eval loss deepnorm vs pre: L6 3.110 vs 3.210 (spread 0.010); "
-                               "L100 3.110 vs 3.210 (spread 0.010)")
-    # Post-LN is compared only where every run of both trained (not at 100), and there it beats Pre-LN
-    met, numbers = claims.lower_loss_than("post", "pre", "paper_depth_sweep")(e)
-    assert met and "L100" not in numbers
-    # A gap inside the seeds' spread decides nothing in its favour
-    close = runs.copy()
-    close.loc[close.norm == "deepnorm", "eval_loss"] = 3.205 + 0.05 * close.loc[close.norm == "deepnorm", "seed"]
-    assert claims.lower_loss_than("deepnorm", "pre", "paper_depth_sweep")(evidence(runs_paper_depth_sweep=close))[0] is False
     diverged = runs.copy()
     diverged.loc[(diverged.norm == "deepnorm") & (diverged.depth == 100) & (diverged.seed == 0), "status"] = "diverged"
     assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(evidence(runs_paper_depth_sweep=diverged))[0] is False

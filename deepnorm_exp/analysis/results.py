@@ -22,7 +22,7 @@ import pandas as pd
 
 from .. import records
 from ..locks import FileLock
-from . import budget, comparison_table, early_window, lr_study, mitigations, plots, published, steps_to_train
+from . import budget, comparison_table, early_window, final_quality, lr_study, mitigations, plots, published, steps_to_train
 from .runs import config_by_run, config_column
 from .tables import diagnosis_table, shared_value
 from .claims import NOT_RUN, Evidence, judge
@@ -55,7 +55,13 @@ STUDIES = [
     Study("lr_study", "Final loss against learning rate (each scheme at its own best rate)",
           "Post-LN, Pre-LN and DeepNorm at depths 6, 18 and 50, two seeds, on a half-decade grid of learning rates "
           "from 1e-4 to 1e-1, 300 steps (Wortsman et al. 2023; the rules: deepnorm_exp/analysis/lr_study.py)."),
-    Study("budget_study", "Training length (each scheme at its own best rate)",
+    Study("text_lr", "Real text: each scheme's rate tuned at the final budget",
+          "Post-LN, Pre-LN and DeepNorm decoders at depths 6, 18 and 50 on Shakespeare's plays (bytes, held-out "
+          "plays; data=shakespeare), dropout 0.1, 3,000 steps of a cosine schedule that anneals, rates 3e-4 to 1e-2, "
+          "seed 0: the best rate per scheme and depth (conf/tuned_lr/text_lr.yaml) for text_final."),
+    Study("text_final", "Real text: final quality at each scheme's own rate",
+          "text_lr's training at each cell's best rate, seeds 1-3 (the rules: deepnorm_exp/analysis/final_quality.py)."),
+    Study("budget_study", "Training length on the synthetic language (a second view, not judged)",
           "Post-LN, Pre-LN and DeepNorm at depths 6 and 18, two seeds, each at its best rate from the learning-rate "
           "study (conf/tuned_lr/lr_study.yaml), 4,800 steps read at 300, 1,200 and 4,800 (the rules: "
           "deepnorm_exp/analysis/budget.py)."),
@@ -100,6 +106,10 @@ STUDIES = [
     Study("quickstart", "Quick start", "`make run`: three schemes at depths 6 and 48, one seed."),
     Study("zoo_depth_sweep", "The zoo", "Every scheme at depths 6, 24 and 100, one seed, the quick start's training."),
 ]
+
+
+# Studies whose best rates others read (`train.lr: ${tuned_lr:}`): make results writes conf/tuned_lr/<study>.yaml
+TUNING_STUDIES = ("lr_study", "text_lr")
 
 
 def markdown_table(frame: pd.DataFrame, index: bool = True, markdown: tuple[str, ...] = ()) -> str:
@@ -222,24 +232,15 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
                  "decoder bottom / top grad: its bottom-10% over top-10% blocks' gradient norm at the window's end):",
                  markdown_table(early_window.window_table(evidence), index=False))
 
-    def learning_rates(page: Page) -> None:
-        runs = evidence.runs("lr_study")
-        summary = lr_study.lr_summary(runs)
-        page.add("Each scheme at its own best rate per depth: the mean ± std over the seeds of the final eval loss "
-                 "(capped at the loss at initialisation; a diverged seed counts as that), and the rate; "
-                 "`edge`: the best rate is an end of the grid, so the optimum may lie beyond it; `untrained`: seeds "
-                 "that learned nothing (under 10% of the unigram-to-optimal gap) even at the best rate.",
-                 markdown_table(by_depth(lr_study.best_rate_table(summary))))
-        page.add("LR sensitivity (the mean over the grid of the capped loss minus the best; 0: every rate is as "
-                 "good as the best, which is also what a scheme that learns at no rate reads: see the table above) "
-                 "per depth, and how far the best rate moves from the shallowest depth to the deepest (their "
-                 "ratio):", markdown_table(by_depth(lr_study.sensitivity_table(summary))))
-        page.figure("lr_study", lr_study.lr_figure(runs),
-                    "Final eval loss against learning rate, a panel per scheme, a line per depth (circles: the best "
-                    "rate).")
-        page.add("Every cell (mean capped loss over the seeds; `(k div)`: k seeds diverged):",
-                 markdown_table(lr_study.curve_table(lr_study.lr_curves(runs))))
-        diagnoses(page, runs, "over every rate of the grid")
+    def learning_rates(name: str) -> Callable[[Page], None]:
+        return lambda page: lr_sections(page, evidence.runs(name), name)
+
+    def final_quality_table(page: Page) -> None:
+        table = final_quality.final_table(evidence)
+        page.add("Final eval loss per scheme and depth, each at its best rate from text_lr: mean ± standard error "
+                 "over the seeds (n), capped at the loss at initialisation (a diverged seed counts as that):",
+                 markdown_table(table) if not table.empty else "No run of the study has ended yet.")
+        diagnoses(page, evidence.runs(final_quality.STUDY))
 
     def training_length(page: Page) -> None:
         runs, scalars = evidence.runs("budget_study"), evidence.every_runs_scalars("budget_study")
@@ -294,11 +295,33 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             "encdec_1000l": steps("encdec_1000l"), "paper_depth_sweep": depth_sweep("paper_depth_sweep"),
             "paper_depth_sweep_encdec": depth_sweep("paper_depth_sweep_encdec"),
             "gpu_depth": depth_sweep("gpu_depth"),
-            "frontier_depth": frontier, "model_update": model_update, "lr_study": learning_rates,
+            "frontier_depth": frontier, "model_update": model_update, "lr_study": learning_rates("lr_study"),
+            "text_lr": learning_rates("text_lr"), final_quality.STUDY: final_quality_table,
             "budget_study": training_length, "model_update_low_lr": low_rate,
             "model_update_1000l": thousand_layers, "warmup_contrast": warmup("warmup_contrast"),
             "warmup_contrast_low_lr": warmup("warmup_contrast_low_lr"), "mitigation_study": mitigation,
             "quickstart": one_seed_table("quickstart"), "zoo_depth_sweep": one_seed_table("zoo_depth_sweep")}
+
+
+def lr_sections(page: Page, runs: pd.DataFrame, name: str) -> None:
+    """A learning-rate grid's tables and figure (lr_study.py's rules): each scheme at its best rate, LR
+    sensitivity, loss against rate, every cell, the diagnoses."""
+    summary = lr_study.lr_summary(runs)
+    page.add("Each scheme at its own best rate per depth: the mean ± std over the seeds of the final eval loss "
+             "(capped at the loss at initialisation; a diverged seed counts as that), and the rate; "
+             "`edge`: the best rate is an end of the grid, so the optimum may lie beyond it; `untrained`: seeds "
+             "that learned nothing (under 10% of the unigram-to-optimal gap) even at the best rate.",
+             markdown_table(by_depth(lr_study.best_rate_table(summary))))
+    page.add("LR sensitivity (the mean over the grid of the capped loss minus the best; 0: every rate is as "
+             "good as the best, which is also what a scheme that learns at no rate reads: see the table above) "
+             "per depth, and how far the best rate moves from the shallowest depth to the deepest (their "
+             "ratio):", markdown_table(by_depth(lr_study.sensitivity_table(summary))))
+    page.figure(name, lr_study.lr_figure(runs),
+                "Final eval loss against learning rate, a panel per scheme, a line per depth (circles: the best "
+                "rate).")
+    page.add("Every cell (mean capped loss over the seeds; `(k div)`: k seeds diverged):",
+             markdown_table(lr_study.curve_table(lr_study.lr_curves(runs))))
+    diagnoses(page, runs, "over every rate of the grid")
 
 
 def steps_table(page: Page, runs: pd.DataFrame) -> None:
@@ -668,11 +691,12 @@ def _write(args: argparse.Namespace, evidence: Evidence) -> None:
     lost = [] if args.allow_missing else records_missing(Path(args.out) / "results.md", evidence)
     if not lost:
         print(f"results: {build_results(args.root, args.out, evidence).resolve()}")
-    if args.conf and evidence.finished("lr_study"):  # the rates the budget study runs at (conf/tuned_lr/)
-        path = Path(args.conf) / "tuned_lr" / "lr_study.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        records.write_text(path, lr_study.tuned_lr_yaml(lr_study.lr_summary(evidence.runs("lr_study")), "lr_study"))
-        print(f"{path}: the best rate per scheme and depth")
+    for study in TUNING_STUDIES:  # the rates the studies after them run at (conf/tuned_lr/)
+        if args.conf and evidence.finished(study):
+            path = Path(args.conf) / "tuned_lr" / f"{study}.yaml"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            records.write_text(path, lr_study.tuned_lr_yaml(lr_study.lr_summary(evidence.runs(study)), study))
+            print(f"{path}: the best rate per scheme and depth")
     if args.blocks:  # the blocks of the studies here; those that summarize every study wait for the page
         blocks = generated_blocks(Path(args.root), evidence, every_study=not lost)
         for path in args.blocks:

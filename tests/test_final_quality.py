@@ -1,0 +1,73 @@
+"""The final-quality claims on real text (analysis/final_quality.py): differences in standard errors, on
+hand-made runs where each claim holds and where it is false."""
+
+import pandas as pd
+
+from deepnorm_exp.analysis import claims, final_quality as final
+
+from test_results import evidence
+
+SEEDS = (1, 2, 3)
+
+
+def runs(loss: dict, trained: dict | None = None, diverged: tuple = ()) -> pd.DataFrame:
+    """loss[(norm, depth)]: the seeds' final eval losses; a (norm, depth, seed) in `diverged` diverged."""
+    rows = []
+    for (norm, depth), values in loss.items():
+        for seed, value in zip(SEEDS, values):
+            rows.append(dict(norm=norm, depth=depth, seed=seed, eval_loss=value, initial_eval_loss=5.5,
+                             status="diverged" if (norm, depth, seed) in diverged else "completed",
+                             trained=(trained or {}).get((norm, depth), True), run_name=f"{norm}-L{depth}-s{seed}",
+                             **{"train.lr": 1e-3}))
+    return pd.DataFrame(rows)
+
+
+def judged(check, frame):
+    return check(evidence(**{f"runs_{final.STUDY}": frame}))
+
+
+BETTER = {("deepnorm", 6): (2.00, 2.01, 2.02), ("pre", 6): (2.10, 2.11, 2.12),
+          ("deepnorm", 18): (1.90, 1.91, 1.92), ("pre", 18): (2.00, 2.02, 2.04)}
+
+
+def test_ends_better_is_a_difference_of_more_than_two_standard_errors_at_every_depth():
+    met, numbers = judged(final.ends_better("deepnorm", "pre"), runs(BETTER))
+    assert met is True
+    assert numbers.startswith("L6 deepnorm 2.010 vs pre 2.110 (3 and 3 seeds): deepnorm lower by 0.100 ± 0.008 (SE)")
+    # the claim is false: at L18 the gap (0.01) is within 2 SE of the seeds' spread
+    close = {**BETTER, ("deepnorm", 18): (1.99, 2.01, 2.03)}
+    met, numbers = judged(final.ends_better("deepnorm", "pre"), runs(close))
+    assert met is False and "L18 deepnorm 2.010 vs pre 2.020 (3 and 3 seeds): deepnorm lower by 0.010 ± 0.016" in numbers
+    # ... and a diverged seed counts as its loss at initialisation
+    assert judged(final.ends_better("deepnorm", "pre"), runs(BETTER, diverged=(("deepnorm", 6, 2),)))[0] is False
+    # one seed each: no standard error, no verdict
+    one = {cell: values[:1] for cell, values in BETTER.items()}
+    assert judged(final.ends_better("deepnorm", "pre"), runs(one))[0] is None
+
+
+def test_post_ln_is_compared_only_where_every_seed_of_it_trained():
+    post = {("post", 6): (2.00, 2.01, 2.02), ("pre", 6): (2.10, 2.11, 2.12),
+            ("post", 50): (3.00, 3.01, 3.02), ("pre", 50): (2.10, 2.11, 2.12)}
+    check = final.ends_better("post", "pre", where_trained="post")
+    met, numbers = judged(check, runs(post, trained={("post", 50): False}))
+    assert met is True and "L50" not in numbers
+    assert judged(check, runs(post))[0] is False  # trained at L50, and worse there
+    met, numbers = judged(check, runs(post, trained={("post", 6): False, ("post", 50): False}))
+    assert met is None and numbers == "no depth where every post seed trained with two seeds or more of both post and pre"
+
+
+def test_deepnorm_keeps_improving_only_when_each_deeper_depth_is_lower_by_two_standard_errors():
+    deeper = {("deepnorm", 6): (2.30, 2.31, 2.32), ("deepnorm", 18): (2.10, 2.11, 2.12),
+              ("deepnorm", 50): (2.00, 2.01, 2.02)}
+    met, numbers = judged(final.improves_with_depth("deepnorm"), runs(deeper))
+    assert met is True and numbers.startswith("deepnorm's mean eval loss L6 2.310, L18 2.110, L50 2.010; "
+                                              "L18 below L6 by 0.200 ± 0.008 (SE)")
+    flat = {**deeper, ("deepnorm", 50): (2.10, 2.12, 2.14)}
+    assert judged(final.improves_with_depth("deepnorm"), runs(flat))[0] is False
+
+
+def test_the_final_quality_claims_read_the_real_text_study():
+    checks = [c for c in claims.CLAIMS if c.study == final.STUDY]
+    assert [c.paper for c in checks] == ["DeepNorm ends better than Pre-LN at the same depth.",
+                                         "Post-LN, where it trains, ends better than Pre-LN.",
+                                         "DeepNorm keeps improving as the model goes deeper."]
