@@ -1,6 +1,7 @@
 """The final-quality claims on real text (analysis/final_quality.py): differences in standard errors, on
 hand-made runs where each claim holds and where it is false."""
 
+import numpy as np
 import pandas as pd
 
 from deepnorm_exp.analysis import claims, final_quality as final
@@ -30,11 +31,11 @@ BETTER = {("deepnorm", 6): (2.00, 2.01, 2.02), ("pre", 6): (2.10, 2.11, 2.12),
           ("deepnorm", 18): (1.90, 1.91, 1.92), ("pre", 18): (2.00, 2.02, 2.04)}
 
 
-def test_ends_better_is_a_difference_of_more_than_two_standard_errors_at_every_depth():
+def test_ends_better_is_welchs_one_sided_t_test_at_every_depth():
     met, numbers = judged(final.ends_better("deepnorm", "pre"), runs(BETTER))
     assert met is True
-    assert numbers.startswith("L6 deepnorm 2.010 vs pre 2.110 (3 and 3 seeds): deepnorm lower by 0.100 ± 0.008 (SE)")
-    # the claim is false: at L18 the gap (0.01) is within 2 SE of the seeds' spread
+    assert numbers.startswith("L6 deepnorm 2.010 vs pre 2.110 (3 and 3 seeds): deepnorm lower by 0.100 ± 0.008 (SE; needs 2.13 SE)")
+    # the claim is false: at L18 the gap (0.01) is within t SE of the seeds' spread
     close = {**BETTER, ("deepnorm", 18): (1.99, 2.01, 2.03)}
     met, numbers = judged(final.ends_better("deepnorm", "pre"), runs(close))
     assert met is False and "L18 deepnorm 2.010 vs pre 2.020 (3 and 3 seeds): deepnorm lower by 0.010 ± 0.016" in numbers
@@ -53,17 +54,31 @@ def test_post_ln_is_compared_only_where_every_seed_of_it_trained():
     assert met is True and "L50" not in numbers
     assert judged(check, runs(post))[0] is False  # trained at L50, and worse there
     met, numbers = judged(check, runs(post, trained={("post", 6): False, ("post", 50): False}))
-    assert met is None and numbers == "no depth where every post seed trained with two seeds or more of both post and pre"
+    assert met is None and numbers == "no depth where every post run trained with two seeds or more of both post and pre"
 
 
-def test_deepnorm_keeps_improving_only_when_each_deeper_depth_is_lower_by_two_standard_errors():
+def test_deepnorm_keeps_improving_only_when_each_deeper_depth_is_lower_by_the_test():
     deeper = {("deepnorm", 6): (2.30, 2.31, 2.32), ("deepnorm", 18): (2.10, 2.11, 2.12),
               ("deepnorm", 50): (2.00, 2.01, 2.02)}
     met, numbers = judged(final.improves_with_depth("deepnorm"), runs(deeper))
     assert met is True and numbers.startswith("deepnorm's mean eval loss L6 2.310, L18 2.110, L50 2.010; "
-                                              "L18 below L6 by 0.200 ± 0.008 (SE)")
+                                              "L18 below L6 by 0.200 ± 0.008 (SE; needs 2.13 SE)")
     flat = {**deeper, ("deepnorm", 50): (2.10, 2.12, 2.14)}
     assert judged(final.improves_with_depth("deepnorm"), runs(flat))[0] is False
+    # 2 SE is not enough with three seeds: a gap of 2.5 SE passes, one of 2 SE does not (t = 2.13 at 4 df)
+    def gap_of(ses: float):
+        sem = 0.01 / np.sqrt(3)  # each side's standard error (std 0.01)
+        gap = ses * np.hypot(sem, sem)
+        return {("deepnorm", 6): (2.30, 2.31, 2.32), ("deepnorm", 18): tuple(v - gap for v in (2.30, 2.31, 2.32))}
+    assert judged(final.improves_with_depth("deepnorm"), runs(gap_of(2.5)))[0] is True
+    assert judged(final.improves_with_depth("deepnorm"), runs(gap_of(2.0)))[0] is False
+
+
+def test_post_ln_where_it_trains_counts_a_run_that_did_not_end_as_untrained():
+    post = {("post", 6): (2.00, 2.01, 2.02), ("pre", 6): (2.10, 2.11, 2.12)}
+    frame = runs(post)
+    frame.loc[(frame.norm == "post") & (frame.seed == 3), "status"] = "failed"  # crashed: not every run trained
+    assert judged(final.ends_better("post", "pre", where_trained="post"), frame)[0] is None
 
 
 def test_the_final_quality_claims_read_the_real_text_study():

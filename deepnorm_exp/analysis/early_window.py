@@ -13,7 +13,7 @@ one figure's quantity in its setting:
                 and its per-step change late in the window over its first step ("then nearly no update")
   figure 4(b,c) the LN inputs' growth within each run, ||x_t|| / ||x_0|| (a level present at step 0 is not
                 the update's doing), without warm-up against with it and against Post-LN-init
-  figure 4(d)   the decoder's bottom-10% over top-10% blocks' gradient norm, in the same contrast
+  figure 4(d)   the decoder's bottom-10% over top-10% layers' gradient norm, in the same contrast
 
 A comparison "A above B" holds when every seed of A is above every seed of B: the seeds' ranges do not overlap
 (with two seeds each, a chance ordering has probability 1/6). Where both sides of a comparison of updates lie
@@ -36,7 +36,7 @@ FIG4_DEPTH = 18  # figure 4's 18L-18L
 SATURATED = 0.8  # of sqrt(2 d)
 TENTH = 0.1  # bottom and top share of the decoder's blocks
 
-Values = dict[tuple[str, int, bool], np.ndarray]  # (norm, depth, warm-up?) -> one value per seed, by seed
+Values = dict[tuple[str, int, bool], pd.Series]  # (norm, depth, warm-up?) -> one value per seed, indexed by seed
 
 
 def _runs(e: Evidence) -> pd.DataFrame:
@@ -48,9 +48,9 @@ def _runs(e: Evidence) -> pd.DataFrame:
 
 
 def _by_cell(runs: pd.DataFrame, per_run: pd.Series) -> Values:
-    """Each cell's per-run values in seed order (runs without a value left out)."""
+    """Each cell's per-run values indexed by seed, in seed order (runs without a value left out)."""
     rows = runs.assign(value=per_run.reindex(runs["run_name"]).to_numpy()).dropna(subset=["value"])
-    return {(n, int(d), bool(w)): g.sort_values("seed")["value"].to_numpy(float)
+    return {(n, int(d), bool(w)): g.set_index("seed")["value"].sort_index().astype(float)
             for (n, d, w), g in rows.groupby(["norm", "depth", "warm"])}
 
 
@@ -64,16 +64,15 @@ def _scalar(e: Evidence, metric: str, first: int, last: int) -> Values:
 
 
 def _last_layer_record(e: Evidence, metric: str) -> pd.DataFrame:
-    """Per-layer rows of `metric` at each run's last per-layer step within the window."""
+    """Per-layer rows of `metric` at the window's end (a run without a record there is left out)."""
     layers = e.layers(STUDY)
     if layers.empty or metric not in layers:
         return pd.DataFrame()
-    rows = layers[layers[metric].notna() & (layers["step"] <= WINDOW)]
-    return rows[rows["step"] == rows.groupby("run_name")["step"].transform("max")]
+    return layers[layers[metric].notna() & (layers["step"] == WINDOW)]
 
 
 def _ln_input_growth(e: Evidence) -> Values:
-    """Each run's mean LN input over every block at its window's last per-layer step over that at step 0."""
+    """Each run's mean LN input over every block at the window's end over that at step 0."""
     layers = e.layers(STUDY)
     if layers.empty or "ln_input_norm" not in layers:
         return {}
@@ -83,7 +82,7 @@ def _ln_input_growth(e: Evidence) -> Values:
 
 
 def _ln_input_level(e: Evidence) -> Values:
-    """Each run's mean LN input at its window's last per-layer step, in units of sqrt(d)."""
+    """Each run's mean LN input at the window's end, in units of sqrt(d)."""
     runs = _runs(e)
     end = _last_layer_record(e, "ln_input_norm").groupby("run_name")["ln_input_norm"].mean()
     if end.empty:
@@ -92,16 +91,18 @@ def _ln_input_level(e: Evidence) -> Values:
 
 
 def _decoder_bottom_over_top(e: Evidence) -> Values:
-    """Each run's decoder: bottom-10% over top-10% blocks' gradient norm at its window's last per-layer step."""
+    """Each run's decoder at the window's end: the gradient norm of its bottom 10% of layers over that of its top
+    10%, a layer's norm over its sublayers (self-attention, cross-attention, FFN) together, so that both ends
+    hold the same mix of sublayers."""
     rows = _last_layer_record(e, "grad_norm")
     if rows.empty:
         return {}
     rows = rows[rows["stack"] == "decoder"]
 
     def ratio(run: pd.DataFrame) -> float:
-        profile = run.sort_values("position")["grad_norm"].to_numpy(float)
-        n = max(1, int(len(profile) * TENTH))
-        return float(profile[:n].mean() / profile[-n:].mean())
+        per_layer = run.groupby("layer")["grad_norm"].apply(lambda g: float(np.sqrt((g.astype(float) ** 2).sum())))
+        n = max(1, int(len(per_layer) * TENTH))
+        return float(per_layer.iloc[:n].mean() / per_layer.iloc[-n:].mean())
     return _by_cell(_runs(e), rows.groupby("run_name").apply(ratio, include_groups=False))
 
 
@@ -110,11 +111,11 @@ def _bound(e: Evidence) -> float:
     return SATURATED * float(np.sqrt(2 * d_model.iloc[0])) if len(d_model) else np.inf
 
 
-def _seeds(values: np.ndarray) -> str:
+def _seeds(values: pd.Series) -> str:
     return "/".join(f"{v:.3g}" for v in values)
 
 
-def _above(a: np.ndarray, b: np.ndarray) -> bool:
+def _above(a: pd.Series, b: pd.Series) -> bool:
     return bool(len(a) and len(b) and a.min() > b.max())
 
 
@@ -141,33 +142,35 @@ def post_update_larger_than_deepnorms(e: Evidence):
     return all(_above(upd["post", d, True], upd["deepnorm", d, True]) for d in readable), text
 
 
-def _growth(upd: Values, norm: str, shallow: int, deep: int) -> np.ndarray:
+def _growth(upd: Values, norm: str, shallow: int, deep: int) -> tuple[float, float]:
+    """(at least, at most) of a scheme's growth from `shallow` to `deep`: its seeds at one depth are other
+    models than at the other, so no seed is paired with another; the growth lies between the extremes."""
     a, b = upd[norm, deep, True], upd[norm, shallow, True]
-    n = min(len(a), len(b))
-    return a[:n] / b[:n]  # seed by seed
+    return float(a.min() / b.max()), float(a.max() / b.min())
 
 
 def deepnorm_update_flat_with_depth(e: Evidence):
-    """From the shallowest to the deepest depth both have, with warm-up: every Post-LN seed's growth of its mean
-    update above every DeepNorm seed's. A saturated Post-LN update at the deepest depth caps its growth: no
-    reading."""
+    """From the shallowest to the deepest depth both have, with warm-up: Post-LN's growth of its mean update
+    surely above DeepNorm's (the least Post-LN's can have grown over the most DeepNorm's can). A saturated
+    Post-LN update at the deepest depth caps its growth: a growth not shown there is not read."""
     upd, bound = _mean_update(e), _bound(e)
     depths = _depths(upd, True, "post", "deepnorm")
     if len(depths) < 2:
         return None, f"Post-LN and DeepNorm need runs with warm-up at two depths in {STUDY}"
     shallow, deep = depths[0], depths[-1]
-    post, deepnorm = _growth(upd, "post", shallow, deep), _growth(upd, "deepnorm", shallow, deep)
-    text = (f"mean model update over the first {WINDOW} steps with warm-up, L{deep} over L{shallow} (per seed): "
-            f"Post-LN {_seeds(post)}, DeepNorm {_seeds(deepnorm)}")
-    if upd["post", deep, True].max() >= bound:
+    (post_low, post_high), (dn_low, dn_high) = _growth(upd, "post", shallow, deep), _growth(upd, "deepnorm", shallow, deep)
+    text = (f"mean model update over the first {WINDOW} steps with warm-up, L{deep} over L{shallow} (the seeds' "
+            f"extremes, unpaired): Post-LN {post_low:.3g}x to {post_high:.3g}x, DeepNorm {dn_low:.3g}x to {dn_high:.3g}x")
+    met = post_low > dn_high
+    if not met and upd["post", deep, True].max() >= bound:
         return None, text + f" (Post-LN saturated at L{deep}: over {SATURATED} sqrt(2 d), its growth capped)"
-    return _above(post, deepnorm), text
+    return met, text + ("" if met else " (the ranges overlap)" if post_high > dn_low else "")
 
 
 # -- figure 4, at 18L-18L: Post-LN without warm-up against its two remedies ---------------------------------
 def _compare(values: Values, what: str, against: list[tuple[str, bool]], above: bool, bound: float = np.inf):
     """Post-LN without warm-up at FIG4_DEPTH against each (norm, warm-up?) cell: above (or below) every seed of
-    each. A comparison whose two sides both reach `bound` is left out."""
+    each. A comparison whose deciding values both reach `bound` is left out."""
     key = ("post", FIG4_DEPTH, False)
     cells = [(n, w) for n, w in against if (n, FIG4_DEPTH, w) in values]
     if key not in values or len(cells) < len(against):
@@ -179,12 +182,17 @@ def _compare(values: Values, what: str, against: list[tuple[str, bool]], above: 
     post = values[key]
     text = f"{what} at L{FIG4_DEPTH} (per seed): Post-LN without warm-up {_seeds(post)}; " + "; ".join(
         f"{name(n, w)} {_seeds(values[n, FIG4_DEPTH, w])}" for n, w in cells)
-    readable = [(n, w) for n, w in cells if min(post.min(), values[n, FIG4_DEPTH, w].min()) < bound]
-    if not readable:
+
+    def readable(other: pd.Series) -> bool:
+        """Not when the two values an ordering turns on (Post-LN's nearest to the other side, and the other's
+        nearest to Post-LN's) are both at the bound: there the ceiling, not the scheme, orders them."""
+        return min(post.min(), other.max()) < bound if above else min(post.max(), other.min()) < bound
+    kept = [(n, w) for n, w in cells if readable(values[n, FIG4_DEPTH, w])]
+    if not kept:
         return None, text + f" (saturated on both sides: over {SATURATED} sqrt(2 d))"
-    left_out = len(cells) - len(readable)
+    left_out = len(cells) - len(kept)
     met = all(_above(post, values[n, FIG4_DEPTH, w]) if above else _above(values[n, FIG4_DEPTH, w], post)
-              for n, w in readable)
+              for n, w in kept)
     return met, text + (f" ({left_out} comparison(s) saturated on both sides, left out)" if left_out else "")
 
 
@@ -200,7 +208,7 @@ def warmup_and_init_hold_post_back(e: Evidence):
 
 def _late_over_first(e: Evidence) -> Values:
     late, first = _scalar(e, "model_update_step", *LATE), _scalar(e, "model_update_step", 1, 1)
-    return {k: late[k] / first[k] for k in late.keys() & first.keys() if len(late[k]) == len(first[k])}
+    return {k: (late[k] / first[k]).dropna() for k in late.keys() & first.keys()}  # per run: aligned by seed
 
 
 def post_update_then_stops(e: Evidence):
@@ -220,7 +228,7 @@ def post_ln_inputs_grow(e: Evidence):
 def post_gradient_vanishes(e: Evidence):
     """The decoder's bottom-10% over top-10% gradient norm, Post-LN without warm-up below with it and below
     Post-LN-init."""
-    return _compare(_decoder_bottom_over_top(e), "decoder bottom-10% over top-10% blocks' gradient norm at the "
+    return _compare(_decoder_bottom_over_top(e), "decoder bottom-10% over top-10% layers' gradient norm at the "
                     "window's end", REMEDIES, above=False)
 
 
@@ -230,7 +238,7 @@ def pre_bottom_gradients_larger(e: Evidence):
     depths = _depths(ratio, True, "pre")
     if not depths:
         return None, f"no per-layer gradients of Pre-LN with warm-up in {STUDY}"
-    text = ("decoder bottom-10% over top-10% blocks' gradient norm at the window's end, Pre-LN with warm-up "
+    text = ("decoder bottom-10% over top-10% layers' gradient norm at the window's end, Pre-LN with warm-up "
             "(per seed): " + "; ".join(f"L{d} {_seeds(ratio['pre', d, True])}" for d in depths))
     return bool(ratio["pre", depths[-1], True].min() > 1), text
 

@@ -9,24 +9,27 @@ The rules, fixed before the study's runs (conf/experiment/text_final.yaml says t
 
 * A seed's loss is its final eval loss capped at its loss at initialisation (lr_study.capped_losses: a diverged
   seed counts as the loss at initialisation).
-* "A ends better than B at a depth": A's mean loss is below B's by more than SE_MULTIPLE standard errors of the
-  difference of the means, sqrt(s_A^2 / n_A + s_B^2 / n_B) (s the seeds' standard deviation); a difference
-  within that cannot tell them apart. A claim over depths holds when it holds at every depth judged.
-* "Post-LN, where it trains": at the depths where every Post-LN seed trained (summary.trained).
-* "DeepNorm keeps improving as the model goes deeper" (figure 6): each deeper depth's mean below the one before
-  by more than SE_MULTIPLE standard errors.
+* "A ends better than B at a depth": A's mean loss is below B's by more than t standard errors of the difference
+  of the means, SE = sqrt(s_A^2 / n_A + s_B^2 / n_B) (s the seeds' standard deviation), t Student's quantile at
+  CONFIDENCE (one-sided) on Welch's degrees of freedom: Welch's t-test at 5%. With three seeds a side t is
+  2.1-2.9 (2 SE alone would be a 6-9% test). A difference within that cannot tell them apart. A claim over
+  depths holds when it holds at every depth judged.
+* "Post-LN, where it trains": at the depths where every Post-LN run ended and trained (summary.trained).
+* "DeepNorm keeps improving as the model goes deeper" (figure 6): each deeper depth's mean below the one before,
+  by the same test.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from .evidence import Evidence
 from .lr_study import capped_losses
 
 STUDY = "text_final"
-SE_MULTIPLE = 2.0
+CONFIDENCE = 0.95  # one-sided: "A is below B"
 
 
 def _losses(e: Evidence) -> pd.DataFrame:
@@ -39,52 +42,64 @@ def _stats(losses: pd.Series) -> tuple[float, float, int]:
     return float(losses.mean()), float(losses.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan"), n
 
 
-def _difference(a: pd.Series, b: pd.Series) -> tuple[float, float]:
-    """mean(b) - mean(a) and its standard error."""
-    (ma, sa, _), (mb, sb, _) = _stats(a), _stats(b)
-    return mb - ma, float(np.hypot(sa, sb))
+def _difference(a: pd.Series, b: pd.Series) -> tuple[float, float, float]:
+    """mean(b) - mean(a), its standard error, and the t that difference must exceed in units of it (Welch)."""
+    (ma, sa, na), (mb, sb, nb) = _stats(a), _stats(b)
+    se = float(np.hypot(sa, sb))
+    df = se ** 4 / (sa ** 4 / (na - 1) + sb ** 4 / (nb - 1)) if se > 0 else na + nb - 2
+    return mb - ma, se, float(stats.t.ppf(CONFIDENCE, df))
+
+
+def _lower(gap: float, se: float, t: float) -> bool:
+    return gap > t * se if se > 0 else gap > 0
 
 
 def _said(depth: int, name_a: str, a: pd.Series, name_b: str, b: pd.Series) -> str:
-    gap, se = _difference(a, b)
+    gap, se, t = _difference(a, b)
     return (f"L{depth} {name_a} {a.mean():.3f} vs {name_b} {b.mean():.3f} ({len(a)} and {len(b)} seeds): "
-            f"{name_a} lower by {gap:.3f} ± {se:.3f} (SE)")
+            f"{name_a} lower by {gap:.3f} ± {se:.3f} (SE; needs {t:.2f} SE)")
 
 
 def ends_better(norm: str, other: str, where_trained: str | None = None):
     """`norm` ends better than `other` at every depth both ran (with two seeds or more each), or only at the
-    depths where every seed of `where_trained` trained."""
+    depths where every run of `where_trained` ended and trained."""
     def check(e: Evidence):
-        losses = _losses(e)
+        losses, runs = _losses(e), e.runs(STUDY)
         compared, met = [], []
         for depth, at in losses.groupby("depth"):
             a, b = (at.loc[at["norm"] == n, "loss"] for n in (norm, other))
             if min(len(a), len(b)) < 2:
                 continue
-            if where_trained and not at.loc[at["norm"] == where_trained, "trained"].all():
-                continue
-            gap, se = _difference(a, b)
+            if where_trained:
+                ran = int(((runs["norm"] == where_trained) & (runs["depth"] == depth)).sum())
+                if int(at.loc[at["norm"] == where_trained, "trained"].sum()) < ran:
+                    continue
             compared.append(_said(int(depth), norm, a, other, b))
-            met.append(bool(gap > SE_MULTIPLE * se))
+            met.append(_lower(*_difference(a, b)))
         if not compared:
-            scope = f" where every {where_trained} seed trained" if where_trained else ""
+            scope = f" where every {where_trained} run trained" if where_trained else ""
             return None, f"no depth{scope} with two seeds or more of both {norm} and {other}"
-        return all(met), "; ".join(compared) + f" (better: by more than {SE_MULTIPLE:g} SE)"
+        return all(met), "; ".join(compared) + f" (better: Welch's t-test, one-sided, at {1 - CONFIDENCE:.0%})"
     return check
 
 
 def improves_with_depth(norm: str):
     def check(e: Evidence):
         losses = _losses(e)
-        of = {int(d): g["loss"] for d, g in losses[losses["norm"] == norm].groupby("depth") if len(g) >= 2}
+        by_depth = {int(d): g["loss"] for d, g in losses[losses["norm"] == norm].groupby("depth")}
+        of = {d: s for d, s in by_depth.items() if len(s) >= 2}
+        skipped = sorted(set(by_depth) - set(of))
         depths = sorted(of)
         if len(depths) < 2:
             return None, f"{norm} needs two seeds or more at two depths"
         steps = [(shallow, deep, *_difference(of[deep], of[shallow])) for shallow, deep in zip(depths, depths[1:])]
         means = ", ".join(f"L{d} {of[d].mean():.3f}" for d in depths)
-        text = "; ".join(f"L{deep} below L{shallow} by {gap:.3f} ± {se:.3f} (SE)" for shallow, deep, gap, se in steps)
-        return (all(gap > SE_MULTIPLE * se for _, _, gap, se in steps),
-                f"{norm}'s mean eval loss {means}; {text} (improving: by more than {SE_MULTIPLE:g} SE)")
+        text = "; ".join(f"L{deep} below L{shallow} by {gap:.3f} ± {se:.3f} (SE; needs {t:.2f} SE)"
+                         for shallow, deep, gap, se, t in steps)
+        return (all(_lower(gap, se, t) for _, _, gap, se, t in steps),
+                f"{norm}'s mean eval loss {means}; {text} (improving: Welch's t-test, one-sided, at "
+                f"{1 - CONFIDENCE:.0%})" + (f"; left out, under two seeds: {', '.join(f'L{d}' for d in skipped)}"
+                                            if skipped else ""))
     return check
 
 

@@ -229,7 +229,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
                         f"{early_window.WINDOW} steps {label}, per scheme, one line per depth (N-N).")
         page.add("What the rules read, mean over the seeds (update @k: ||F(x,θk) − F(x,θ0)||; step change: "
                  "||F(x,θt) − F(x,θt−1)||; LN input growth: the mean over blocks at the window's end over step 0; "
-                 "decoder bottom / top grad: its bottom-10% over top-10% blocks' gradient norm at the window's end):",
+                 "decoder bottom / top grad: its bottom-10% over top-10% layers' gradient norm at the window's end):",
                  markdown_table(early_window.window_table(evidence), index=False))
 
     def learning_rates(name: str) -> Callable[[Page], None]:
