@@ -207,6 +207,27 @@ def test_a_thousand_layers_here_is_deepnorms_steps_to_train_beside_pre_lns():
     assert met is None and numbers.endswith("(neither trained within the budget: the budget, not the scheme, decides)")
 
 
+def test_fp16_divergence_is_post_lns_at_the_deepest_depth_against_deepnorms_anywhere():
+    def runs(post_50: str, deepnorm_18: str = "completed") -> pd.DataFrame:
+        rows = []
+        for norm, depth, status in (("post", 18, "completed"), ("post", 50, post_50), ("deepnorm", 18, deepnorm_18),
+                                    ("deepnorm", 50, "completed")):
+            trained_at = 200 if status == "completed" else None
+            rows.append(run(norm, depth, steps=3000, status=status, trained_at_step=trained_at,
+                            trained=status == "completed", **{"train.lr": 1e-3}))
+        return pd.DataFrame(rows)
+    check = claims.post_diverges_in_fp16
+    fp32 = runs("completed").assign(run_name=lambda f: f["run_name"] + "-fp32")
+    met, numbers = check(evidence(runs_precision_fp16=runs("diverged"), runs_steps_to_train=fp32))
+    assert met is True and numbers == ("fp16: Post-LN L18 trained, L50 diverged; DeepNorm L18 trained, L50 trained "
+                                       "(fp32, steps_to_train at the same rate: Post-LN L18 trained, L50 trained; "
+                                       "DeepNorm L18 trained, L50 trained)")
+    # the claim is false: Post-LN trains (or plateaus) in fp16 too
+    assert check(evidence(runs_precision_fp16=runs("completed"), runs_steps_to_train=fp32))[0] is False
+    # DeepNorm diverges as well: half precision, not the scheme
+    assert check(evidence(runs_precision_fp16=runs("diverged", "diverged"), runs_steps_to_train=fp32))[0] is None
+
+
 def test_divergence_timing_and_verdicts():
     runs = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=at) for s, at in enumerate((20, 40, 90, 250))])
     probes = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=290) for s in range(9)])

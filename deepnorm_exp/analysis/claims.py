@@ -227,6 +227,34 @@ def thousand_layers_here(e: Evidence):
                          "compare the budget with)")
 
 
+PRECISION_STUDY = "precision_fp16"
+
+
+def post_diverges_in_fp16(e: Evidence):
+    """Divergence in the paper's sense (the divergence rule stopped the run) under fp16 with loss scaling: Post-LN's
+    runs at the deepest depth against DeepNorm's at every depth; the same cells in fp32 (steps_to_train at the same
+    rate) are shown beside, never judged."""
+    ran = steps_to_train.run_outcomes(e.runs(PRECISION_STUDY))
+    if ran.empty:
+        return None, "no run has ended"
+
+    def ended(rows: pd.DataFrame) -> str:
+        return ", ".join(f"L{d} " + "/".join(sorted(g["ended"])) for d, g in rows.groupby("depth")) or "no run"
+    post, deepnorm = ran[ran["norm"] == "post"], ran[ran["norm"] == "deepnorm"]
+    fp32 = steps_to_train.run_outcomes(e.runs(STEPS_STUDY))
+    fp32 = fp32[fp32["lr"].isin(ran["lr"].unique()) & fp32["depth"].isin(ran["depth"].unique())
+                & fp32["norm"].isin(("post", "deepnorm"))]
+    text = (f"fp16: Post-LN {ended(post)}; DeepNorm {ended(deepnorm)}"
+            + (f" (fp32, steps_to_train at the same rate: Post-LN {ended(fp32[fp32['norm'] == 'post'])}; DeepNorm "
+               f"{ended(fp32[fp32['norm'] == 'deepnorm'])})" if not fp32.empty else ""))
+    if post.empty or deepnorm.empty:
+        return None, text
+    deepest = post["depth"].max()
+    if not post.loc[post["depth"] == deepest, "ended"].eq("diverged").any():
+        return False, text
+    return (None if deepnorm["ended"].eq("diverged").any() else True), text
+
+
 def thousand_layers(e: Evidence):
     runs = e.runs("paper_1000l")
     return bool(trained(runs).any()), f"{int(trained(runs).sum())} of {len(runs)} runs trained"
@@ -307,6 +335,10 @@ CLAIMS = [
           "Changed with exact bisection: this rule read 'reproduced' from Post-LN's at least 4.160x against "
           "DeepNorm's at most 4.157x, ends that exact rates make equal (300^(1/4)) and 3-digit rates split",
           frontier_flatter_for_deepnorm),
+    Claim("In mixed precision, as the paper trained, Post-LN diverges with depth.", PRECISION_STUDY,
+          "fp16 with dynamic loss scaling, steps_to_train's protocol at 1e-3, depths 18 and 50, two seeds: a Post-LN "
+          "run diverges (the divergence rule stopped it) at the deeper depth while no DeepNorm run diverges (not "
+          "reproduced: no Post-LN run diverges; not testable: DeepNorm diverges too)", post_diverges_in_fp16),
     Claim("Divergence happens early in training (why the paper's depth sweep trained only 8,000 steps).",
           "paper_depth_sweep", "at least 3/4 of the diverged runs of the two depth sweeps diverged in the first "
           "third of their steps", divergence_is_early),
@@ -355,6 +387,9 @@ PAPER_SETTINGS = {
         "layers\"",
     "DeepNorm widens the stable region": "not measured in the paper across depth; figure 7 (WMT-17, 18L-18L): "
         "DeepNet trains \"without difficulty\" at a larger learning rate, batch size and width",
+    "In mixed precision": "section 5: the IWSLT-14 depth sweep (10L-10L to 100L-100L) ran \"with mixed precision "
+        "training, except ReZero\", which \"is unstable with half precision, even when the model is shallow\" "
+        "(diverging at 18L-18L on WMT-17)",
     "Divergence happens early": "IWSLT-14 (section 5): 8,000 steps \"because we find most divergence occurs at the "
         "beginning of optimization\"",
     "... and at the paper's width": "OPUS-100 (section 6, Table 2), this model: 4 epochs, +4.4 BLEU over the "

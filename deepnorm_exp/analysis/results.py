@@ -52,6 +52,9 @@ STUDIES = [
           "Post-LN, Pre-LN and DeepNorm at depths 6-100, four rates, two seeds, each run trained until it has trained "
           "or for 3,000 steps (ten times the other studies' 300); steps-to-train read with censoring (the rules: "
           "deepnorm_exp/analysis/steps_to_train.py)."),
+    Study("precision_fp16", "Mixed precision, as the paper trained",
+          "Post-LN and DeepNorm at depths 18 and 50 in fp16 with dynamic loss scaling, lr 1e-3, two seeds, "
+          "steps_to_train's protocol (until trained or 3,000 steps)."),
     Study("lr_study", "Final loss against learning rate (each scheme at its own best rate)",
           "Post-LN, Pre-LN and DeepNorm at depths 6, 18 and 50, two seeds, on a half-decade grid of learning rates "
           "from 1e-4 to 1e-1, 300 steps (Wortsman et al. 2023; the rules: deepnorm_exp/analysis/lr_study.py)."),
@@ -292,7 +295,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
         return lambda page: steps_table(page, evidence.runs(name))
 
     return {"steps_to_train": steps("steps_to_train"), early_window.STUDY: early_update,
-            "encdec_1000l": steps("encdec_1000l"), "paper_depth_sweep": depth_sweep("paper_depth_sweep"),
+            "encdec_1000l": steps("encdec_1000l"), "precision_fp16": steps("precision_fp16"), "paper_depth_sweep": depth_sweep("paper_depth_sweep"),
             "paper_depth_sweep_encdec": depth_sweep("paper_depth_sweep_encdec"),
             "gpu_depth": depth_sweep("gpu_depth"),
             "frontier_depth": frontier, "model_update": model_update, "lr_study": learning_rates("lr_study"),
