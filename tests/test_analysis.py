@@ -320,7 +320,7 @@ def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep
     page = (tmp_path / "docs" / "results.md").read_text()
     sections = dict(re.findall(r"\n## ([^\n]+)\n(.*?)(?=\n## |\Z)", page, re.S))
     assert "Not run yet." not in sections["Depth sweep, decoder-only"] + sections["Quick start"]
-    assert "Not run yet." in sections["Depth sweep, encoder-decoder"] and "Not run yet." in sections["The zoo"]
+    assert "Not run yet." in sections["Depth sweep, encoder-decoder (a second view, not judged)"] and "Not run yet." in sections["The zoo"]
     images = re.findall(r"!\[[^\]]*\]\((results/[^)]+\.png)\)", page)
     assert len(images) == 5  # depth stability, model update, LN inputs, per-layer gradients, loss against lr
     for image in images:

@@ -28,67 +28,6 @@ def run(norm, depth, seed=0, status="completed", trained=True, eval_loss=3.0, **
                    run_name=f"{norm}-L{depth}-s{seed}", steps=300), **extra}
 
 
-def sweep(post_trained_at_100: int) -> pd.DataFrame:
-    rows = [run(n, d, s, eval_loss={"post": 3.0, "pre": 3.2, "deepnorm": 3.1}[n] + 0.01 * s)
-            for n in ("post", "pre", "deepnorm") for d in (6, 100) for s in range(3)]
-    for row in rows:
-        if row["norm"] == "post" and row["depth"] == 100 and row["seed"] >= post_trained_at_100:
-            row.update(trained=False, eval_loss=4.5)
-    return pd.DataFrame(rows)
-
-
-def lr_sweep(post_trained_at_100: int, lr: float = 1e-3) -> pd.DataFrame:
-    """`sweep` as a learning-rate study's runs at one grid rate."""
-    return sweep(post_trained_at_100).assign(**{"train.lr": lr, "initial_eval_loss": 6.0})
-
-
-def test_stability_is_judged_at_each_schemes_own_best_rate():
-    """Post-LN untrained at L100 at the rate the others like, but trained at a lower one, which is its best:
-    judged at each scheme's own best rate it is stable there, and the claim must fail."""
-    low = sweep(post_trained_at_100=3).assign(**{"train.lr": 1e-4, "initial_eval_loss": 6.0})
-    low.loc[low.norm != "post", "eval_loss"] = 4.0  # the others are worse at the low rate
-    low.loc[low.norm == "post", "eval_loss"] = 3.5
-    runs = pd.concat([lr_sweep(post_trained_at_100=0), low], ignore_index=True)
-    check = claims.post_unstable_with_depth("lr_study", claims.best_rates)
-    met, numbers = check(evidence(runs_lr_study=runs))
-    assert met is False and numbers.startswith("Post-LN trained: L6 3/3, L100 3/3")
-    # the same runs read at one rate (the single-rate view) would have said reproduced
-    assert claims.post_unstable_with_depth("lr_study")(evidence(runs_lr_study=lr_sweep(0)))[0] is True
-    # DeepNorm diverging at its best rate at one depth fails "DeepNorm trains at every depth"
-    broken = lr_sweep(0)
-    broken.loc[(broken.norm == "deepnorm") & (broken.depth == 100), "status"] = "diverged"
-    met, numbers = claims.deepnorm_trains_everywhere("lr_study", claims.best_rates)(evidence(runs_lr_study=broken))
-    assert met is False and "L100 0/3" in numbers
-
-
-def test_post_ln_instability_with_depth_is_judged_on_trained_shares():
-    check = claims.post_unstable_with_depth("paper_depth_sweep")
-    met, numbers = check(evidence(runs_paper_depth_sweep=sweep(post_trained_at_100=1)))
-    assert met and numbers == "Post-LN trained: L6 3/3, L100 1/3; at L100 pre 3/3, deepnorm 3/3"
-    met, numbers = check(evidence(runs_paper_depth_sweep=sweep(post_trained_at_100=2)))
-    assert not met and "L100 2/3" in numbers  # 2 of 3 is more than half
-    assert check(evidence(runs_paper_depth_sweep=sweep(3)[lambda f: f.depth == 6]))[0] is None  # one depth
-    # Nothing trains at L100 in this budget: the budget decides, not the scheme
-    stuck = sweep(post_trained_at_100=0)
-    stuck.loc[stuck.depth == 100, "trained"] = False
-    met, numbers = check(evidence(runs_paper_depth_sweep=stuck))
-    assert met is None and numbers.endswith("neither Pre-LN nor DeepNorm trains every run at L100 in this budget")
-    # Runs that crashed say nothing about stability: left out, and said
-    crashed = pd.concat([sweep(post_trained_at_100=3), pd.DataFrame([run("post", 100, s, status="failed",
-                                                                         trained=None) for s in (3, 4, 5)])])
-    met, numbers = check(evidence(runs_paper_depth_sweep=crashed))
-    assert not met and "L100 3/3" in numbers and numbers.endswith("(3 failed or unfinished runs left out)")
-
-
-def test_deepnorm_everywhere():
-    runs = sweep(post_trained_at_100=0)
-    e = evidence(runs_paper_depth_sweep=runs)
-    assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(e) == (True, "DeepNorm trained: L6 3/3, L100 3/3")
-    diverged = runs.copy()
-    diverged.loc[(diverged.norm == "deepnorm") & (diverged.depth == 100) & (diverged.seed == 0), "status"] = "diverged"
-    assert claims.deepnorm_trains_everywhere("paper_depth_sweep")(evidence(runs_paper_depth_sweep=diverged))[0] is False
-
-
 def frontier(post_slope: float) -> pd.DataFrame:
     cells = []
     for norm, slope in (("post", post_slope), ("deepnorm", 0.0)):
@@ -236,23 +175,20 @@ def test_divergence_timing_and_verdicts():
     assert claims.divergence_is_early(e) == (True, "4 diverged runs; 3 in the first third of their steps; "
                                                    "median at 22% of the budget")
     by_study = {c.study: c for c in claims.CLAIMS}
-    assert by_study["paper_depth_sweep_encdec"].judge(e).outcome == NOT_RUN
     assert by_study["paper_1000l"].judge(evidence(runs_paper_1000l=pd.DataFrame())).outcome == NOT_TESTABLE
-    old_rule = claims.Claim("Post-LN fails with depth", "lr_study", "the 300-step rule",
-                            claims.post_unstable_with_depth("lr_study", claims.best_rates))
-    first = old_rule.judge(evidence(runs_lr_study=lr_sweep(1)))
-    assert (first.outcome, first.numbers) == (REPRODUCED, "Post-LN trained: L6 3/3, L100 1/3; at L100 pre 3/3, deepnorm 3/3")
-    assert old_rule.judge(evidence(runs_lr_study=lr_sweep(3))).outcome == NOT_REPRODUCED
+    # the encoder-decoder depth claims read their own steps-to-train study
+    assert by_study["steps_to_train_encdec"].judge(e).outcome == NOT_RUN
     # the paper's depth claim reads the steps-to-train study (issue 39): fails, or slower
     from test_steps_to_train import LATE, NEVER, study
     assert claims.CLAIMS[0].study == "steps_to_train"
     assert claims.CLAIMS[0].judge(evidence(runs_steps_to_train=study(post_deep=NEVER))).outcome == REPRODUCED
     assert claims.CLAIMS[0].judge(evidence(runs_steps_to_train=study(post_deep=LATE))).outcome == NOT_REPRODUCED
     # a sweep still running (or stopped): no verdict from its first runs, however they read
-    running = old_rule.judge(evidence(runs_lr_study=lr_sweep(1), finished_lr_study=False))
-    assert (running.outcome, running.numbers) == (UNFINISHED, f"{len(lr_sweep(1))} runs so far; `python -m deepnorm_exp."
-                                                  "analysis.published --restore runs/lr_study`, then `python -m "
-                                                  "deepnorm_exp -m experiment=lr_study`, continues it")
+    reproduced = claims.Claim("a claim", "steps_to_train", "a rule", lambda e: (True, "numbers"))
+    running = reproduced.judge(evidence(runs_steps_to_train=study(post_deep=NEVER), finished_steps_to_train=False))
+    assert (running.outcome, running.numbers) == (UNFINISHED, f"{len(study(post_deep=NEVER))} runs so far; `python -m "
+                                                  "deepnorm_exp.analysis.published --restore runs/steps_to_train`, then "
+                                                  "`python -m deepnorm_exp -m experiment=steps_to_train`, continues it")
 
 
 def test_preset_time_counts_each_invocation_to_its_end_or_its_last_finished_run(tmp_path):
