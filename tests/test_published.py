@@ -141,3 +141,26 @@ def test_clean_runs_deletes_raw_runs_and_keeps_the_published_records(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(str(p.relative_to(runs)) for p in runs.rglob("*")) == [
         ".gitkeep", "study", "study/published", "study/published/runs.parquet"]
+
+
+def test_a_sweep_run_before_the_restore_keeps_the_published_sweep_log(tmp_path):
+    """The order the docs give is restore, then run; run first (a new invocation's own sweeps.jsonl) and then
+    restore, and the published invocations must come back beside the new one, or packing drops them."""
+    study = tmp_path / "zoo"
+    fake_run(study, "pre-L6-s0")
+    old = ['{"at": "2026-12-01T10:00:00+00:00", "event": "start", "id": "a", "overrides": ["experiment=zoo"]}',
+           '{"at": "2026-12-01T11:00:00+00:00", "event": "end", "id": "a"}']
+    (study / "sweeps.jsonl").write_text("".join(line + "\n" for line in old))
+    published.pack(study)
+    shutil.rmtree(study / "pre-L6-s0")
+    new = ['{"at": "2026-12-03T10:00:00+00:00", "event": "start", "id": "b", "overrides": ["experiment=zoo", "seed=1"]}',
+           '{"at": "2026-12-03T10:05:00+00:00", "event": "end", "id": "b"}']
+    (study / "sweeps.jsonl").write_text("".join(line + "\n" for line in new))
+    fake_run(study, "pre-L6-s1")
+    published.restore(study)
+    assert (study / "sweeps.jsonl").read_text().splitlines() == old + new
+    published.restore(study)  # again: every line once
+    assert (study / "sweeps.jsonl").read_text().splitlines() == old + new
+    published.pack(study)
+    assert published.load(study).manifest["commands"] == ["python -m deepnorm_exp -m experiment=zoo",
+                                                          "python -m deepnorm_exp -m experiment=zoo seed=1"]

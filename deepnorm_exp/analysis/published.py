@@ -290,6 +290,8 @@ def _restore(study_dir: Path) -> tuple[int, int]:
     for name in SWEEP_FILES:
         if (packed.directory / name).is_file() and not (study_dir / name).exists():
             shutil.copyfile(packed.directory / name, study_dir / name)
+        elif name == SWEEP_LOG and (packed.directory / name).is_file():
+            _merge_sweep_logs(packed.directory / name, study_dir / name)
     per_run = {name: dict(tuple(packed.table(name).groupby("run_name", sort=False)))
                if "run_name" in packed.table(name) else {} for name in ("scalars", "events", "layers")}
     # a key no run ever gave a value (an event's "last_healthy": null) was written by the runs that had rows
@@ -321,6 +323,18 @@ def _restore(study_dir: Path) -> tuple[int, int]:
         write_summary(run_dir / "summary.json", summary)  # last: a run directory with a summary is whole
         restored += 1
     return restored, left
+
+
+def _merge_sweep_logs(published_log: Path, raw_log: Path) -> None:
+    """A sweep run here before the restore started a sweep log of its own: the published invocations go back
+    in with it, every line once, in time order (both are append-only logs of the same study; packing the
+    new one alone would drop the study's history)."""
+    lines = records.read_bounded(raw_log).splitlines()
+    have = set(lines)
+    merged = [line for line in records.read_bounded(published_log).splitlines() if line and line not in have] + lines
+    if len(merged) > len(lines):
+        merged.sort(key=lambda line: records.loads(line).get("at", ""))  # stable: equal times keep their order
+        records.write_text(raw_log, "".join(line + "\n" for line in merged))
 
 
 def _own_columns(frame: pd.DataFrame, empty_everywhere: set) -> list[str]:
