@@ -103,7 +103,7 @@ def test_the_console_script_runs_from_anywhere_and_completes_overrides(tmp_path)
     script = str(Path(sys.executable).parent / "deepnorm-exp")
     env = {**os.environ, "COMP_LINE": "deepnorm-exp norm=p", "COMP_POINT": "19"}
     query = subprocess.run([script, "-sc", "query=bash"], env=env, cwd=tmp_path, capture_output=True, text=True)
-    assert query.stdout.split() == ["norm=periln", "norm=post", "norm=pre"], query.stderr
+    assert query.stdout.split() == ["norm=periln", "norm=post", "norm=post_init", "norm=pre"], query.stderr
     install = subprocess.run([script, "-sc", "install=bash"], cwd=tmp_path, capture_output=True, text=True)
     assert "-F hydra_bash_completion deepnorm-exp" in install.stdout
     for command in ([script], [sys.executable, "-m", "deepnorm_exp"]):

@@ -129,7 +129,8 @@ def test_the_frontier_sweeper_expands_glob_and_range_into_its_cells(tmp_path):
                                 f"paths.runs={tmp_path}"])
     assert multirun and not any(job.fixed for job in jobs)  # the sweeper sets train.lr on each probe
     assert sorted((job.cfg.norm.name, job.cfg.depth) for job in jobs) == [
-        ("periln", 2), ("periln", 3), ("post", 2), ("post", 3), ("pre", 2), ("pre", 3)]
+        ("periln", 2), ("periln", 3), ("post", 2), ("post", 3), ("post_init", 2), ("post_init", 3), ("pre", 2),
+        ("pre", 3)]
 
 
 def test_the_issues_commands_run_as_hydra_runs_them(tmp_path, runs_root):

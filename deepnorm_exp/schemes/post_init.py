@@ -30,4 +30,6 @@ class PostLNInit(PostNorm):
     Config = PostInitConfig
 
     def gain(self, role: str, stack: str, layer: int) -> float:
-        return 1.0 / (self.depths[stack] - layer)  # k_l = N - l + 1 with l = layer + 1
+        # k_l = N - l + 1 with l = layer + 1; at least 1, for the shape probes the memory estimate builds with
+        # more layers than the stack has (train/memory.py), where the draw is never used
+        return 1.0 / max(self.depths[stack] - layer, 1)
