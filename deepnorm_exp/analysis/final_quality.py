@@ -54,8 +54,8 @@ def _lower(gap: float, se: float, t: float) -> bool:
     return gap > t * se if se > 0 else gap > 0
 
 
-def _said(depth: int, name_a: str, a: pd.Series, name_b: str, b: pd.Series) -> str:
-    gap, se, t = _difference(a, b)
+def _said(depth: int, name_a: str, a: pd.Series, name_b: str, b: pd.Series, difference: tuple) -> str:
+    gap, se, t = difference
     return (f"L{depth} {name_a} {a.mean():.3f} vs {name_b} {b.mean():.3f} ({len(a)} and {len(b)} seeds): "
             f"{name_a} lower by {gap:.3f} ± {se:.3f} (SE; needs {t:.2f} SE)")
 
@@ -74,8 +74,9 @@ def ends_better(norm: str, other: str, where_trained: str | None = None):
                 ran = int(((runs["norm"] == where_trained) & (runs["depth"] == depth)).sum())
                 if int(at.loc[at["norm"] == where_trained, "trained"].sum()) < ran:
                     continue
-            compared.append(_said(int(depth), norm, a, other, b))
-            met.append(_lower(*_difference(a, b)))
+            difference = _difference(a, b)  # (gap, se, t): computed once, said and judged
+            compared.append(_said(int(depth), norm, a, other, b, difference))
+            met.append(_lower(*difference))
         if not compared:
             scope = f" where every {where_trained} run trained" if where_trained else ""
             return None, f"no depth{scope} with two seeds or more of both {norm} and {other}"
