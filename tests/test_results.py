@@ -189,6 +189,9 @@ def test_divergence_timing_and_verdicts():
     assert (running.outcome, running.numbers) == (UNFINISHED, f"{len(study(post_deep=NEVER))} runs so far; `python -m "
                                                   "deepnorm_exp.analysis.published --restore runs/steps_to_train`, then "
                                                   "`python -m deepnorm_exp -m experiment=steps_to_train`, continues it")
+    one = study(post_deep=NEVER).head(1)  # one run: "1 run", not "1 runs"
+    assert reproduced.judge(evidence(runs_steps_to_train=one, finished_steps_to_train=False)).numbers.startswith(
+        "1 run so far; ")
 
 
 def test_preset_time_counts_each_invocation_to_its_end_or_its_last_finished_run(tmp_path):

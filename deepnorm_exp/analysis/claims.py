@@ -52,7 +52,7 @@ class Claim:
                 return Verdict(NOT_TESTABLE, f"needs {self.needs}")
             return Verdict(NOT_RUN, f"`python -m deepnorm_exp -m experiment={self.study}`")
         if not evidence.finished(self.study):
-            return Verdict(UNFINISHED, f"{len(evidence.runs(self.study))} runs so far; `python -m deepnorm_exp.analysis."
+            return Verdict(UNFINISHED, f"{evidence.so_far(self.study)}; `python -m deepnorm_exp.analysis."
                                        f"published --restore runs/{self.study}`, then `python -m deepnorm_exp -m "
                                        f"experiment={self.study}`, continues it")
         met, numbers = self.check(evidence)

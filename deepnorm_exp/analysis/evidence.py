@@ -72,6 +72,11 @@ class Evidence:
         read it)."""
         return self._get("frontier_law", study, lambda: fit_frontier_law(self.frontier(study)))
 
+    def so_far(self, study: str) -> str:
+        """"N runs so far": what an unfinished sweep has recorded."""
+        n = len(self.runs(study))
+        return f"{n} run{'' if n == 1 else 's'} so far"
+
     def finished(self, study: str) -> bool:
         """Its sweep's latest invocation ended and every run is final (`timing.sweep_finished`)."""
         return self._get("finished", study, lambda: sweep_finished(self.study_dir(study), self.runs(study)))

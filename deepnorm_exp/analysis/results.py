@@ -474,7 +474,7 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
             page.add("Not run yet.")
             continue
         if not evidence.finished(study.name):
-            page.add(f"**The sweep has not finished** ({len(evidence.runs(study.name))} runs so far; in a checkout without "
+            page.add(f"**The sweep has not finished** ({evidence.so_far(study.name)}; in a checkout without "
                      f"its run directories, `python -m deepnorm_exp.analysis.published --restore runs/{study.name}` "
                      "writes them back, and the same command continues it): what follows is partial, and the claims "
                      "it tests wait for the rest.")
