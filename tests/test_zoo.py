@@ -104,7 +104,7 @@ def test_mixln_is_post_ln_below_and_pre_ln_above(overrides, post):
     model, _ = build("mixln", 8, *overrides)
     kinds = [type(block.attn).__name__ for block in model.blocks]
     assert kinds == ["PostNormResidual"] * post + ["PreNormResidual"] * (8 - post)
-    assert isinstance(model.final_norm, nn.Identity) == (post == 8)
+    assert isinstance(model.final_norm, nn.LayerNorm)  # even when every layer is Post-LN, as the official code
 
 
 def test_subln_puts_a_norm_inside_each_sublayer_and_scales_the_init_by_gamma():

@@ -1,6 +1,15 @@
 """Mix-LN (Li et al., 2024, "Mix-LN: Unleashing the Power of Deeper Layers by Combining Pre-LN and
-Post-LN"): Post-LN in the first layers of each stack, Pre-LN in the rest (and Pre-LN's final LN).
-`norm.post_layers` sets how many; null takes `norm.post_fraction` (0.25) of the stack, rounded down."""
+Post-LN", arXiv 2412.13795): Post-LN in the first layers of each stack, Pre-LN in the rest, and a final norm
+on every stack's output. `norm.post_layers` sets how many layers are Post-LN; null takes
+`norm.post_fraction` (0.25, the paper's best) of the stack, rounded down.
+
+As the official code (pixeli99/MixLN, peft_pretraining/modeling_llama.py at ff45826: the `post_pre` layers
+and LlamaModel's final RMSNorm) the final norm is applied even when every layer is Post-LN, so
+`norm.post_layers` equal to the depth is Post-LN with one more norm on top (tests/test_oracles_zoo.py holds
+the stack to that code). The official code counts the Post-LN layers with an integer (POST_NUM, 1 when unset;
+3 of 12 and 6 of 24 in its scripts), which `post_layers` sets; its norms are RMSNorm (`norm.layer=rmsnorm`,
+`model.norm_eps=1e-6`), its init N(0, 0.02) where the zoo keeps Xavier, as for every scheme without an init
+rule of its own."""
 
 from __future__ import annotations
 
@@ -46,4 +55,4 @@ class MixLN(NormScheme):
         return PreNormResidual(sublayer, self.norm(sublayer.d_model))
 
     def final_norm(self, d_model: int, stack: str) -> nn.Module:
-        return self.norm(d_model) if self.post_layers(stack) < self.depths[stack] else nn.Identity()
+        return self.norm(d_model)
