@@ -41,9 +41,9 @@ def check_config(cfg: DictConfig) -> int:
         raise ConfigError("model.encoder_depth", cfg.model.encoder_depth,
                           f"model={cfg.model.kind} has no encoder; use null")
     scheme = make_scheme(cfg)
-    if cfg.train.parallel == "fsdp" and not scheme.shardable:
-        raise ConfigError("train.parallel", "fsdp", f"norm={cfg.norm.name} renormalises whole weight matrices after "
-                          "every step, which FSDP2's shards do not hold: choose one of: auto, none, ddp")
+    if cfg.train.parallel == "fsdp" and scheme.unshardable:
+        raise ConfigError("train.parallel", "fsdp", f"norm={cfg.norm.name} {scheme.unshardable}: choose one of: "
+                          "auto, none, ddp")
     with open_dict(cfg):  # checked, and with every instrument's default: what every reader of it sees
         cfg.metrics = parse_metrics(cfg.metrics)
     positions = check_data_config(cfg.data, model_cls.task)

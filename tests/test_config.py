@@ -108,6 +108,8 @@ BAD = [
     (["norm.constants=fairseq"], "norm.constants", "paper, torchscale, glm130b"),
     (["norm=post", "+norm.alpha=2"], "norm.alpha", "not in"),
     (["norm=ngpt", "train.parallel=fsdp"], "train.parallel", "auto, none, ddp"),
+    (["norm=rezero", "train.parallel=fsdp"], "train.parallel", "shares one alpha"),
+    (["norm=rezero", "norm.alpha_per=block"], "norm.alpha_per", "layer, sublayer"),
     (["norm=completep", "norm.depth_alpha=1.5"], "norm.depth_alpha", "[0.5, 1]"),
     (["norm=deepscalelm", "norm.k=0"], "norm.k", "positive"),
     (["norm=resi_dual", "norm.dual_scale=-1"], "norm.dual_scale", "positive"),

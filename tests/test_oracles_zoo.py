@@ -119,3 +119,51 @@ def test_mixln_equals_the_official_post_pre_stack(depth, post_layers, dtype, tol
         wrong.weight.mul_(1.01)
         assert not torch.allclose(ours[0], official_mixln_stack(embedded(tokens), layers, post_num, wrong),
                                   rtol=tol, atol=tol)
+
+
+# --- ReZero: github.com/majumderb/rezero, rezero/transformer/rztx.py at ff28a73b9b2cf0df190bc6fe5262a351ccad36c0
+def official_rezero_stack(h, layers):
+    """RZTXEncoderLayer's forward (lines 66-82) layer after layer, as nn.TransformerEncoder stacks it with
+    norm=None: each sublayer's output times the layer's one `resweight`, added to the stream (dropout off).
+    layers: (resweight, sublayers) per layer."""
+    for resweight, sublayers in layers:
+        for sublayer in sublayers:
+            h = h + sublayer(h) * resweight
+    return h
+
+
+@pytest.mark.parametrize("dtype, tol", TOLERANCES)
+@pytest.mark.parametrize("depth", [2, 12])
+def test_rezero_equals_the_official_layers_one_alpha_per_layer(depth, dtype, tol, record_deviation):
+    cfg = deepnorm_exp.compose(["norm=rezero", f"depth={depth}", *WIDE])
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(cfg).to(dtype).eval()
+    with torch.no_grad():  # alphas learned away from 0, so the copy is what is compared
+        for block in model.blocks:
+            block.attn.scale.uniform_(0.1, 0.6)
+    resweights = [nn.Parameter(block.attn.scale.detach().reshape(1).clone()) for block in model.blocks]  # shape [1] there
+    layers = [(resweight, (block.attn.sublayer, block.ffn.sublayer)) for resweight, block in zip(resweights, model.blocks)]
+    tokens = _tokens(cfg)
+    embedded = lambda: model.stream_in(model.embed(tokens))  # noqa: E731
+    ours = _hidden_and_grads(lambda: model.hidden(tokens), dict(model.named_parameters()))
+    official_params = {n: p for n, p in model.named_parameters() if ".sublayer." in n}
+    official_params.update({f"blocks.{layer}.attn.scale": r for layer, r in enumerate(resweights)})
+    hidden, grads = _hidden_and_grads(lambda: official_rezero_stack(embedded(), layers), official_params)
+    official = hidden, {n: g.reshape(ours[1][n].shape) for n, g in grads.items()}
+    ours = ours[0], {n: g for n, g in ours[1].items() if n in official[1]}
+    _agree(record_deviation, ours, official, tol)
+
+    # negative control: one layer's resweight 1% off must show
+    with torch.no_grad():
+        resweights[depth // 2].mul_(1.01)
+        assert not torch.allclose(ours[0], official_rezero_stack(embedded(), layers), rtol=tol, atol=tol)
+
+
+def test_rezero_shares_each_layers_alpha_across_its_sublayers_cross_attention_included():
+    model = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=rezero", "depth=3", "model=encdec"]))
+    for stack in (model.encoder, model.decoder):
+        scales = [{id(block.scale) for block in layer.children() if hasattr(block, "scale")} for layer in stack]
+        assert [len(s) for s in scales] == [1] * len(stack)
+        assert len(set().union(*scales)) == len(stack)  # and each layer its own
+    per_sublayer = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=rezero", "norm.alpha_per=sublayer", "depth=3"]))
+    assert len({id(block.attn.scale) for block in per_sublayer.blocks} | {id(b.ffn.scale) for b in per_sublayer.blocks}) == 6

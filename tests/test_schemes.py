@@ -75,7 +75,8 @@ def test_a_new_scheme_needs_no_model_or_trainer_change():
             return ScaledResidual(sublayer, 1.0 / (layer + 1))
 
     try:
-        cfg = deepnorm_exp.compose(["depth=3", "norm=rezero", "norm.name=test_scaled_residual"])  # name only
+        # the name only: the base's own keys deleted
+        cfg = deepnorm_exp.compose(["depth=3", "norm=rezero", "~norm.alpha_per", "norm.name=test_scaled_residual"])
         model = deepnorm_exp.build_model(cfg)
         assert [b.attn.scale for b in model.blocks] == [1.0, 0.5, 1 / 3]
         logits = model(torch.randint(0, 256, (2, 8)))

@@ -78,7 +78,8 @@ class NormScheme:
     """
 
     Config = SchemeConfig
-    shardable = True  # FSDP2 may shard its weights (nGPT's post-step renormalisation needs whole matrices)
+    # why FSDP2 may not shard it (None: it may): nGPT's post-step renormalisation needs whole matrices
+    unshardable: str | None = None
     # the memory estimate (train/memory.py): what the scheme's own operations add to a layer's saved
     # activations, as a factor, and the residual state's width in d_model (ResiDual carries two streams)
     activation_factor = 1.0

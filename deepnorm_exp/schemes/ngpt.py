@@ -20,7 +20,7 @@ off by default).
 Where this differs from the official code: positions are the project's (sinusoidal, added to the embedding
 before h_0 = N(.)); the official rotary step is not a rotation (NVIDIA/ngpt#10) and is not ported. The
 project's FFN is GELU unless `model.ffn=swiglu`. The official model is decoder-only; here cross-attention
-sublayers are treated as self-attention ones. FSDP2 is refused (`shardable`): the renormalisation reads
+sublayers are treated as self-attention ones. FSDP2 is refused (`unshardable`): the renormalisation reads
 whole rows and columns of matrices FSDP2 shards; one process and DDP are fine.
 """
 
@@ -130,7 +130,7 @@ class NGPT(NormScheme):
     Config = NGPTConfig
     activation_factor = 1.5  # its normalisations save 2.3x what Pre-LN's blocks do (tests/test_preflight.py)
     cfg: NGPTConfig
-    shardable = False
+    unshardable = "renormalises whole weight matrices after every step, which FSDP2's shards do not hold"
 
     def alpha(self, stack: str) -> float:  # reported: the eigen learning rates at init
         return self.cfg.alpha_init
