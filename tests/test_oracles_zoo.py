@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import deepnorm_exp
+from deepnorm_exp.build import make_scheme
 
 WIDE = ["model.d_model=64", "model.n_heads=4", "model.d_ff=256", "model.dropout=0.0"]
 TOLERANCES = [(torch.float64, 1e-12), (torch.float32, 2e-5)]
@@ -167,3 +168,145 @@ def test_rezero_shares_each_layers_alpha_across_its_sublayers_cross_attention_in
         assert len(set().union(*scales)) == len(stack)  # and each layer its own
     per_sublayer = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=rezero", "norm.alpha_per=sublayer", "depth=3"]))
     assert len({id(block.attn.scale) for block in per_sublayer.blocks} | {id(b.ffn.scale) for b in per_sublayer.blocks}) == 6
+
+
+# --- sigma-Reparam: github.com/apple/ml-sigma-reparam, vision/layers.py at fea4e359126f812bd3e0a12234c56330fe4b5fa2
+def official_spectral_normed_weight(weight, u, gamma, training):
+    """SpectralNormedWeight.get_sigma and forward (lines 34-51) times SNLinear's learned scale (lines 140-145)
+    for one matrix: one power-iteration step from the stored u, W gamma / (v^T W u'); u' kept in training.
+    Returns (W_hat, the u now stored)."""
+    with torch.no_grad():
+        v = nn.functional.normalize(weight.mv(u), dim=0)
+        u_step = nn.functional.normalize(weight.T.mv(v), dim=0)
+    sigma = torch.einsum("c,cd,d->", v, weight, u_step)
+    return gamma * weight / sigma, (u_step if training else u)
+
+
+def _sigma_model(qkv, dtype):
+    cfg = deepnorm_exp.compose(["norm=sigma_reparam", f"norm.qkv={qkv}", "depth=2", *WIDE])
+    torch.manual_seed(0)
+    return cfg, deepnorm_exp.build_model(cfg).to(dtype), make_scheme(cfg)
+
+
+def _parametrized(model):
+    """(name, module, its SigmaReparam) for every reparametrized nn.Linear."""
+    return [(name, m, m.parametrizations.weight[0]) for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and hasattr(m, "parametrizations")]
+
+
+@pytest.mark.parametrize("dtype, tol", TOLERANCES)
+@pytest.mark.parametrize("qkv", ["split", "fused"])
+def test_sigma_reparam_equals_the_official_weight_through_training_steps_and_eval(qkv, dtype, tol, record_deviation):
+    """Each reparametrized matrix against the official module run alongside it: W moved away from its init so
+    the power iteration has work to do, three training steps (forward, backward, Adam step), then an eval
+    forward, which takes a step from the stored u without keeping it (where the project reused u before).
+    `split` compares each of q, k, v with an official module of its own, `fused` the whole in-projection."""
+    cfg, model, scheme = _sigma_model(qkv, dtype)
+    with torch.no_grad():
+        for _, module, _ in _parametrized(model):
+            module.parametrizations.weight.original.add_(0.05 * torch.randn_like(module.parametrizations.weight.original))
+    # the official state per matrix: W's rows, gamma, u (copied from the project's at the start)
+    state = {(name, g): reparam.u[g].clone() for name, _, reparam in _parametrized(model) for g in range(reparam.groups)}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    tokens = _tokens(cfg)
+    deviations = []
+    for step in range(4):
+        training = step < 3
+        model.train(training)
+        if training:
+            optimizer.zero_grad()
+            model(tokens).square().mean().backward()  # u' stored in u_next
+        else:
+            with torch.no_grad():
+                model(tokens)
+        for name, module, reparam in _parametrized(model):
+            original = module.parametrizations.weight.original.detach()
+            mats = original.reshape(reparam.groups, -1, original.shape[1])
+            with torch.no_grad():
+                ours = module.weight.reshape(reparam.groups, -1, original.shape[1])  # a read: no step kept
+            for g in range(reparam.groups):
+                hat, state[name, g] = official_spectral_normed_weight(mats[g], state[name, g], reparam.gamma[g].detach(),
+                                                                      training)
+                deviations.append(((ours[g] - hat).abs().max() / hat.abs().max()).item())
+                assert torch.allclose(ours[g], hat, rtol=tol, atol=tol * hat.abs().max().item()), (name, g, step)
+        if training:
+            optimizer.step()
+            scheme.after_optimizer_step(model)
+            for name, _, reparam in _parametrized(model):
+                for g in range(reparam.groups):
+                    assert torch.allclose(reparam.u[g], state[name, g], rtol=tol, atol=tol), (name, g)
+    record_deviation("W_hat / largest", torch.tensor(max(deviations)), torch.tensor(0.0), 1.0)
+
+    # negative controls, on the last state: two power steps, or the stored u never updated, must show
+    name, module, reparam = _parametrized(model)[0]
+    original = module.parametrizations.weight.original.detach()
+    mat, u, gamma = original.reshape(reparam.groups, -1, original.shape[1])[0], state[name, 0], reparam.gamma[0].detach()
+    hat, _ = official_spectral_normed_weight(mat, u, gamma, False)
+    two_steps, _ = official_spectral_normed_weight(mat, official_spectral_normed_weight(mat, u, gamma, True)[1], gamma,
+                                                   False)
+    stale = gamma * mat / torch.linalg.vector_norm(mat.mv(u))  # sigma from the stored u, no step
+    for wrong in (two_steps, stale):
+        assert not torch.allclose(hat, wrong, rtol=tol, atol=tol * hat.abs().max().item())
+
+
+def test_sigma_reparam_steps_u_once_per_optimizer_step_under_activation_checkpointing():
+    """The recompute runs the forward again: it must compute the same sigma (the same gradients as without
+    checkpointing) and keep one power-iteration step, not two."""
+    grads, us = [], []
+    for checkpointing in (False, True):
+        cfg = deepnorm_exp.compose(["norm=sigma_reparam", "depth=3", *WIDE,
+                                    f"model.activation_checkpointing={str(checkpointing).lower()}"])
+        torch.manual_seed(0)
+        model, scheme = deepnorm_exp.build_model(cfg).double().train(), make_scheme(cfg)
+        with torch.no_grad():
+            for _, module, _ in _parametrized(model):
+                module.parametrizations.weight.original.add_(0.05 * torch.randn_like(module.parametrizations.weight.original))
+        model.loss({"tokens": _tokens(cfg)}).loss.backward()
+        scheme.after_optimizer_step(model)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        us.append(torch.cat([r.u.flatten() for _, _, r in _parametrized(model)]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-14)
+    assert torch.allclose(us[0], us[1], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype, tol", TOLERANCES)
+@pytest.mark.parametrize("qkv", ["split", "fused"])
+def test_sigma_reparam_gradients_equal_the_official_weights(qkv, dtype, tol, record_deviation):
+    """d/dW and d/dgamma of sum(W_hat * R), R fixed: the gradient flows through W in both sigma and W, never
+    through the power iteration's vectors, on both sides."""
+    _, model, _ = _sigma_model(qkv, dtype)
+    model.train()
+    deviations = []
+    for name, module, reparam in _parametrized(model):
+        original = module.parametrizations.weight.original
+        with torch.no_grad():
+            original.add_(0.05 * torch.randn_like(original))
+        weight_r = torch.randn_like(original)
+        original.grad, reparam.gamma.grad = None, None
+        (module.weight * weight_r).sum().backward()
+        ours = torch.cat([original.grad.flatten(), reparam.gamma.grad])
+        w, gamma = original.detach().clone().requires_grad_(), reparam.gamma.detach().clone().requires_grad_()
+        mats, rs = w.reshape(reparam.groups, -1, w.shape[1]), weight_r.reshape(reparam.groups, -1, w.shape[1])
+        sum(((official_spectral_normed_weight(mats[g], reparam.u[g], gamma[g], True)[0] * rs[g]).sum()
+             for g in range(reparam.groups))).backward()
+        official = torch.cat([w.grad.flatten(), gamma.grad])
+        deviations.append(((ours - official).abs().max() / official.abs().max()).item())
+        assert torch.allclose(ours, official, rtol=tol, atol=tol * official.abs().max().item()), name
+    record_deviation("gradients / largest", torch.tensor(max(deviations)), torch.tensor(0.0), 1.0)
+
+
+def test_sigma_reparam_official_init_draws_what_snlinear_draws():
+    """norm.init=official: SNLinear's trunc_normal(std 0.02) weights and the fresh nn.Linear's uniform biases
+    (U(+-1/sqrt(fan_in)): std bound / sqrt(3)), pooled over every linear map of 8 layers."""
+    cfg = deepnorm_exp.compose(["norm=sigma_reparam", "norm.init=official", "depth=8", *WIDE])
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(cfg)
+    linears = [m for m in model.blocks.modules() if isinstance(m, nn.Linear)]
+    weights = torch.cat([m.parametrizations.weight.original.detach().flatten() for m in linears])
+    assert weights.std().item() == pytest.approx(0.02, rel=0.01)
+    for fan_in in {m.in_features for m in linears}:
+        biases = torch.cat([m.bias.detach() for m in linears if m.in_features == fan_in])
+        bound = fan_in ** -0.5
+        assert biases.abs().max().item() <= bound and biases.std().item() == pytest.approx(bound / 3 ** 0.5, rel=0.1)
+    xavier = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=sigma_reparam", "depth=8", *WIDE]))
+    assert all((m.bias == 0).all() for m in xavier.blocks.modules() if isinstance(m, nn.Linear))

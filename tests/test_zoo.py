@@ -261,7 +261,7 @@ def test_admin_profiling_sets_omega_from_the_accumulated_branch_variances():
 
 # -- sigma-Reparam ------------------------------------------------------------------------------------
 def test_sigma_reparam_starts_at_w_and_tracks_the_spectral_norm_by_power_iteration():
-    model, _ = build("sigma_reparam", 2, *WIDE)
+    model, scheme = build("sigma_reparam", 2, *WIDE)
     attn = model.blocks[0].attn.sublayer
     reparam = attn.qkv.parametrizations.weight[0]
     original = attn.qkv.parametrizations.weight.original
@@ -275,8 +275,9 @@ def test_sigma_reparam_starts_at_w_and_tracks_the_spectral_norm_by_power_iterati
         model(torch.randint(0, 256, (1, 4)))
     assert not torch.allclose(reparam.sigma(original.detach().reshape(3, 64, 64)), true_sigma, rtol=1e-3)  # eval: no update
     model.train()
-    for _ in range(60):  # one power-iteration step per training forward
+    for _ in range(60):  # one power-iteration step per training step, kept after the optimizer's
         model(torch.randint(0, 256, (1, 4)))
+        scheme.after_optimizer_step(model)
     estimate = reparam.sigma(original.detach().reshape(3, 64, 64))
     assert torch.allclose(estimate, true_sigma, rtol=1e-3)
     hat = attn.qkv.weight.detach().reshape(3, 64, 64)
