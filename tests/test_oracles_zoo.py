@@ -310,3 +310,71 @@ def test_sigma_reparam_official_init_draws_what_snlinear_draws():
         assert biases.abs().max().item() <= bound and biases.std().item() == pytest.approx(bound / 3 ** 0.5, rel=0.1)
     xavier = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=sigma_reparam", "depth=8", *WIDE]))
     assert all((m.bias == 0).all() for m in xavier.blocks.modules() if isinstance(m, nn.Linear))
+
+
+# --- DS-Init: github.com/bzhangGo/zero, models/transformer.py at d97e2c21b1c6d0467fe821223042247bf2b46bf9
+def official_ds_limit(tf_shape, layer, gain=1.0):
+    """The bound of tf.variance_scaling_initializer(gain * (layer + 1) ** -0.5, mode="fan_avg",
+    distribution="uniform") (lines 37-45 and 123-131, `layer` counting from 0 in each stack): sqrt(3 scale / n),
+    n the mean of the [fan_in, fan_out] shape's fans."""
+    scale = gain * (layer + 1) ** -0.5
+    return (3 * scale / max(1.0, sum(tf_shape) / 2)) ** 0.5
+
+
+def official_tf_shape(kind, role, weight):
+    """The official variable's shape: self-attention's q, k, v are one fused [d, 3d] map (func.py's qkv_map);
+    cross-attention's q, k, v and every other map are separate [fan_in, fan_out] ones."""
+    fan_out, fan_in = weight.shape
+    return (fan_in, 3 * fan_out) if kind == "attention" and role in ("q", "k", "v") else (fan_in, fan_out)
+
+
+def paper_ds_limit(tf_shape, layer):
+    """The paper's equation (the official README's image): U(-gamma a / sqrt(l), gamma a / sqrt(l)) with a the
+    Xavier-uniform bound of the matrix itself and gamma 1, l = layer + 1."""
+    return (6 / sum(tf_shape)) ** 0.5 / (layer + 1) ** 0.5
+
+
+def _ds_cells(rule, seeds=range(4)):
+    """{(stack, layer, sublayer, role): (draws pooled over seeds, the matrix's [fan_in, fan_out], the official
+    variable's)} of an encoder-decoder."""
+    cells = {}
+    for seed in seeds:
+        torch.manual_seed(seed)
+        model = deepnorm_exp.build_model(deepnorm_exp.compose(
+            ["norm=dsinit", f"norm.rule={rule}", "model=encdec", "depth=12", *WIDE]))
+        for stack, layer, name, block in model.residual_blocks():
+            for role, weight, _ in block.sublayer.projections():
+                key = (stack, layer, name, role)
+                draws = cells.get(key, (torch.empty(0),))[0]
+                cells[key] = (torch.cat([draws, weight.detach().flatten()]), tuple(weight.shape[::-1]),
+                              official_tf_shape(block.sublayer.kind, role, weight))
+    return cells
+
+
+def _ds_cells_follow(cells, limit_of):
+    """Every cell's draws are uniform on +-limit: none beyond it, the largest within 0.3% of it (a 1% error in
+    the bound shows), the std limit / sqrt(3) within 3%."""
+    worst = 0.0
+    for (stack, layer, name, role), (draws, own, official) in cells.items():
+        limit = limit_of(own, official, layer)
+        largest = draws.abs().max().item()
+        if not (0.997 * limit <= largest <= limit * (1 + 1e-6)):
+            return False, worst
+        worst = max(worst, abs(draws.std().item() / (limit / 3 ** 0.5) - 1))
+    return worst < 0.03, worst
+
+
+DS_RULES = {"official": lambda own, official, layer: official_ds_limit(official, layer),
+            "paper": lambda own, official, layer: paper_ds_limit(own, layer)}
+
+
+@pytest.mark.parametrize("rule", DS_RULES)
+def test_dsinit_draws_the_official_code_or_the_papers_rule_per_stack_role_and_layer(rule, record_deviation):
+    cells, limit_of = _ds_cells(rule), DS_RULES[rule]
+    follows, worst = _ds_cells_follow(cells, limit_of)
+    record_deviation("std per cell / largest", torch.tensor(worst), torch.tensor(0.0), 1.0)
+    assert follows, worst
+    # negative controls: the other rule, and this rule's bound 1% off, must not pass
+    other = DS_RULES["paper" if rule == "official" else "official"]
+    assert not _ds_cells_follow(cells, other)[0]
+    assert not _ds_cells_follow(cells, lambda *cell: 0.99 * limit_of(*cell))[0]

@@ -141,6 +141,8 @@ def test_subln_leaves_the_cross_attention_as_torchscale_and_magneto_do():
 # -- initialisation -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("base", ["post", "pre"])
 def test_dsinit_scales_layer_ls_weights_by_one_over_sqrt_l(base):
+    """The paper's rule: Xavier-uniform bounds over sqrt(l), so the std too (tests/test_oracles_zoo.py holds
+    both rules to their formulas role by role)."""
     model, _ = build("dsinit", 16, *WIDE, f"norm.base={base}")
     for layer in (0, 3, 15):
         block = model.blocks[layer]
