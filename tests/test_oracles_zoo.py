@@ -378,3 +378,75 @@ def test_dsinit_draws_the_official_code_or_the_papers_rule_per_stack_role_and_la
     other = DS_RULES["paper" if rule == "official" else "official"]
     assert not _ds_cells_follow(cells, other)[0]
     assert not _ds_cells_follow(cells, lambda *cell: 0.99 * limit_of(*cell))[0]
+
+
+# --- T-Fixup: github.com/layer6ai-labs/T-Fixup at cce506a5c87628c65b2be0596fc7080cb06ed8e5 (fairseq fork):
+# fairseq/modules/multihead_attention.py reset_parameters, fairseq/modules/transformer_layer.py
+# fixup_initialization (encoder lines 31-49, decoder 157-175), fairseq/models/transformer.py's embeddings
+def official_tfixup_draws(kind, role, weight, stack, depths):
+    """(bound of the uniform weight draw, bound of the uniform bias draw or 0 for a zero bias) of one projection:
+    q, k, v Xavier-uniform at gain 1/sqrt(2) with nn.Linear's default biases, out, fc1, fc2 Xavier-uniform at gain
+    1 with zero biases; then v, out, fc1, fc2 (both attentions) times the stack's factor, v times sqrt(2) more."""
+    fan_out, fan_in = weight.shape
+    factor = 0.67 * depths["encoder"] ** -0.25 if stack == "encoder" else (9 * depths["decoder"]) ** -0.25
+    gain = {"q": 2 ** -0.5, "k": 2 ** -0.5, "v": 2 ** -0.5 * factor * 2 ** 0.5}.get(role, factor)
+    bias = fan_in ** -0.5 if role in ("q", "k", "v") else 0.0
+    return gain * (6 / (fan_in + fan_out)) ** 0.5, bias
+
+
+def official_tfixup_table_std(d_model, depths):
+    """The shared token table: N(0, d^(-1/2)) times the encoder's (9N)^(-1/4), which the official encoder
+    always applies (the decoder's own scaling is skipped when the table is shared)."""
+    return d_model ** -0.5 * (9 * depths["encoder"]) ** -0.25
+
+
+def _tfixup_cells(draws=official_tfixup_draws, seeds=range(4)):
+    """Per (stack, layer, sublayer, role): pooled weights, pooled biases and the expected bounds, of an
+    encoder-decoder with 4 encoder and 8 decoder layers; and the shared table's pooled draws."""
+    cells, tables = {}, []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        model = deepnorm_exp.build_model(deepnorm_exp.compose(
+            ["norm=tfixup", "norm.init=official", "model=encdec", "depth=8", "model.encoder_depth=4", *WIDE]))
+        depths = {"encoder": 4, "decoder": 8}
+        tables.append(model.embed.token.weight.detach().flatten())
+        for stack, layer, name, block in model.residual_blocks():
+            for role, weight, bias in block.sublayer.projections():
+                key = (stack, layer, name, role)
+                w, b = cells.get(key, (torch.empty(0), torch.empty(0), None))[:2]
+                cells[key] = (torch.cat([w, weight.detach().flatten()]), torch.cat([b, bias.detach()]),
+                              draws(block.sublayer.kind, role, weight, stack, depths))
+    return cells, torch.cat(tables)
+
+
+def _uniform_on(draws, bound):
+    """Uniform on +-bound: none beyond it, the largest within 0.3% of it, the std bound / sqrt(3) within 3%."""
+    largest = draws.abs().max().item()
+    return 0.997 * bound <= largest <= bound * (1 + 1e-6) and abs(draws.std().item() * 3 ** 0.5 / bound - 1) < 0.03
+
+
+def _tfixup_follows(cells, scale=1.0):
+    """Weights per cell; the uniform biases pooled by bound (a cell holds too few to test alone), the others zero."""
+    biases_by_bound = {}
+    for weights, biases, (weight_bound, bias_bound) in cells.values():
+        if not _uniform_on(weights, scale * weight_bound):
+            return False
+        if not bias_bound and not (biases == 0).all():
+            return False
+        biases_by_bound.setdefault(bias_bound, []).append(biases)
+    return all(_uniform_on(torch.cat(pooled), scale * bound) for bound, pooled in biases_by_bound.items() if bound)
+
+
+def test_tfixup_official_init_draws_what_the_official_code_draws_per_stack_role_and_layer():
+    cells, table = _tfixup_cells()
+    assert _tfixup_follows(cells)
+    assert table.std().item() == pytest.approx(official_tfixup_table_std(64, {"encoder": 4}), rel=0.02)
+    # negative controls: every bound 1% off; the decoder's factor taken as the encoder's rule; the table
+    # scaled by the decoder's depth (the paper's reading here)
+    assert not _tfixup_follows(cells, 1.01)
+
+    def decoder_as_encoder(kind, role, weight, stack, depths):
+        return official_tfixup_draws(kind, role, weight, "encoder", {"encoder": depths["decoder"]})
+
+    assert not _tfixup_follows(_tfixup_cells(decoder_as_encoder, seeds=range(1))[0])
+    assert table.std().item() != pytest.approx(64 ** -0.5 * (9 * 8) ** -0.25, rel=0.02)

@@ -187,6 +187,11 @@ def test_tfixup_has_no_norm_and_scales_weights_and_embeddings_by_depth():
     dec = (9 * 6) ** -0.25
     assert role_std(encdec.decoder[2].attn, "v") == pytest.approx(dec * xavier_std(64, 64), rel=0.05)
     assert role_std(encdec.decoder[2].cross, "v") == pytest.approx(dec * xavier_std(64, 64), rel=0.05)
+    # only the input embeddings are scaled (section 3): learned positions and an untied head keep N(0, 1/d)
+    untied, _ = build("tfixup", depth, *WIDE, "model.positions=learned", "model.tie_embeddings=false")
+    assert float(untied.embed.token.weight.detach().std()) == pytest.approx(64 ** -0.5 * scale, rel=0.05)
+    for table in (untied.embed.pos, untied.embed.head.weight):
+        assert float(table.detach().std()) == pytest.approx(64 ** -0.5, rel=0.05)
 
 
 # -- CompleteP and depth-muP ---------------------------------------------------------------------------

@@ -227,11 +227,11 @@ class Embeddings(nn.Module):
     def __init__(self, cfg, scheme, stack: str):
         super().__init__()
         self.token = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        scheme.init_embedding(self.token.weight, stack)
+        scheme.init_embedding(self.token.weight, stack, "tokens")
         self.scale = math.sqrt(cfg.d_model)
         if cfg.positions == "learned":  # fairseq's learned positions: N(0, 1/d), not scaled
             self.pos = nn.Parameter(torch.empty(cfg.max_seq_len, cfg.d_model))
-            scheme.init_embedding(self.pos, stack)
+            scheme.init_embedding(self.pos, stack, "positions")
         else:
             self.register_buffer("pos", sinusoidal_positions(cfg.max_seq_len, cfg.d_model), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
@@ -240,7 +240,7 @@ class Embeddings(nn.Module):
         self.head = None
         if not cfg.tie_embeddings:
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-            scheme.init_embedding(self.head.weight, stack)
+            scheme.init_embedding(self.head.weight, stack, "head")
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.drop(self.token(tokens) * self.scale + self.pos[: tokens.shape[1]])

@@ -166,8 +166,9 @@ class NormScheme:
                 bias.zero_()
 
     @torch.no_grad()
-    def init_embedding(self, weight: torch.Tensor, stack: str) -> None:
-        """Token embeddings: N(0, 1/d), used times sqrt(d) (fairseq's convention, the paper's codebase)."""
+    def init_embedding(self, weight: torch.Tensor, stack: str, role: str) -> None:
+        """Token embeddings (`role` "tokens"), learned positions ("positions") and an untied output head
+        ("head"): N(0, 1/d); tokens are used times sqrt(d) (fairseq's convention, the paper's codebase)."""
         nn.init.normal_(weight, std=weight.shape[1] ** -0.5)
 
 

@@ -121,5 +121,5 @@ class DeepScaleLM(PostOrPre):
                 bias.zero_()
 
     @torch.no_grad()
-    def init_embedding(self, weight: torch.Tensor, stack: str) -> None:
+    def init_embedding(self, weight: torch.Tensor, stack: str, role: str) -> None:
         nn.init.normal_(weight, std=(2 * weight.shape[1]) ** -0.5)

@@ -165,7 +165,7 @@ class NGPT(NormScheme):
             to_sphere(weight, role)
 
     @torch.no_grad()
-    def init_embedding(self, weight: torch.Tensor, stack: str) -> None:
+    def init_embedding(self, weight: torch.Tensor, stack: str, role: str) -> None:
         nn.init.normal_(weight)
         to_sphere(weight, "table")
 
