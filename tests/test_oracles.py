@@ -309,11 +309,12 @@ def official_name(name: str) -> str:
     return "hidden_weight" if name.endswith("weight") else "hidden_bias"
 
 
-@pytest.mark.parametrize("depth_alpha", [0.5, 1.0])
-def test_completep_equals_the_official_block_and_optimizer_rules(depth_alpha, record_deviation):
+@pytest.mark.parametrize("norm, depth_alpha", [("completep", 0.5), ("completep", 1.0), ("depth_mup", 0.5)])
+def test_completep_equals_the_official_block_and_optimizer_rules(norm, depth_alpha, record_deviation):
+    """CompleteP at both ends of its range, and depth-muP's defaults against the official alpha = 1/2 recipe."""
     depth, base, lr, eps = 24, 3, 2e-3, 1e-8
-    cfg = deepnorm_exp.compose(["norm=completep", f"depth={depth}", *WIDE, f"norm.depth_alpha={depth_alpha}",
-                                f"norm.base_depth={base}"])
+    alpha = [f"norm.depth_alpha={depth_alpha}"] if norm == "completep" else []
+    cfg = deepnorm_exp.compose([f"norm={norm}", f"depth={depth}", *WIDE, *alpha, f"norm.base_depth={base}"])
     torch.manual_seed(0)
     model = deepnorm_exp.build_model(cfg).double()
     block = model.blocks[4]

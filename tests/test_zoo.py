@@ -197,7 +197,7 @@ def test_tfixup_has_no_norm_and_scales_weights_and_embeddings_by_depth():
 # -- CompleteP and depth-muP ---------------------------------------------------------------------------
 def test_depth_mup_scales_branches_by_one_over_sqrt_depth_and_its_lr_rule_groups_block_parameters():
     depth = 16
-    model, scheme = build("depth_mup", depth, "norm.lr_rule=true", "norm.base_depth=4")
+    model, scheme = build("depth_mup", depth, "norm.eps_rule=false", "norm.base_depth=4")
     block = model.blocks[3].ffn
     x = x_like(64)
     assert torch.allclose(block(x), x + block.sublayer(block.norm(x)) / math.sqrt(16 / 4))
@@ -207,8 +207,10 @@ def test_depth_mup_scales_branches_by_one_over_sqrt_depth_and_its_lr_rule_groups
     ids = [id(p) for g in groups for p in g["params"]]
     assert sorted(ids) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
     assert {id(p) for p in model.embed.parameters()} <= {id(p) for p in groups[0]["params"]}
-    _, plain = build("depth_mup", depth)
+    _, plain = build("depth_mup", depth, "norm.lr_rule=false", "norm.eps_rule=false")
     assert plain.param_groups(model, 1e-3, 1e-8) is None
+    _, recipe = build("depth_mup", depth)  # both rules on by default, as the official alpha = 1/2 recipe
+    assert [g["eps"] for g in recipe.param_groups(model, 1e-3, 1e-8)] == [1e-8, pytest.approx(1e-8 / 4)]
     plain_block = build("depth_mup", depth)[0].blocks[3].ffn
     assert float(plain_block.scale) == pytest.approx(1 / 4)  # base_depth 1: 1/sqrt(L)
 
