@@ -112,6 +112,7 @@ BAD = [
     (["norm=rezero", "norm.alpha_per=block"], "norm.alpha_per", "layer, sublayer"),
     (["norm=completep", "norm.depth_alpha=1.5"], "norm.depth_alpha", "[0.5, 1]"),
     (["norm=deepscalelm", "norm.k=0"], "norm.k", "positive"),
+    (["norm=deepscalelm", "norm.embedding_norm=true"], "norm.embedding_norm", "only with norm.base=post"),
     (["norm=resi_dual", "norm.dual_scale=-1"], "norm.dual_scale", "positive"),
     (["model.ffn=relu"], "model.ffn", "gelu, swiglu"),
     (["train.grad_clip=0"], "train.grad_clip", "> 0"),

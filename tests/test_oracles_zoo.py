@@ -556,3 +556,61 @@ def test_admin_closed_form_and_block_equal_admin_torch(model_kind, depth):
         ours = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=admin", "norm.omega=closed_form",
                                                               f"model={model_kind}", f"depth={depth}", *WIDE]))
         assert torch.equal(next(ours.residual_blocks())[3].omega.detach(), vector.detach())
+
+
+# --- DeepScaleLM: github.com/akhilkedia/TranformersGetStable at 7f48e64db03fd68a4cacf8da9e9c1b375900e569,
+# DSLM_signal_propagation_figures/megatron/model/transformer.py, ParallelTransformerLayer.forward (lines 679-785)
+# and ParallelTransformer's final norm (962-966, 1100-1101)
+def official_dslm_stack(h, layers, lam, beta, post, first_norm, final_norm):
+    """Each layer: a = LN_in(h); h1 = lam r + beta Attn(a), r = a in Post-LN mode, h otherwise; c = LN_pa(h1);
+    h = lam r' + beta MLP(c), r' = c in Post-LN mode, h1 otherwise; then the final norm. layers: (attention,
+    LN_in, MLP, LN_pa). In Post-LN mode a layer's LN_in is the previous layer's output norm, the first layer's
+    `first_norm` (on the embedding)."""
+    for attention, ln_in, mlp, ln_pa in layers:
+        a = ln_in(h)
+        h1 = lam * (a if post else h) + beta * attention(a)
+        c = ln_pa(h1)
+        h = lam * (c if post else h1) + beta * mlp(c)
+    return final_norm(h)
+
+
+def _dslm_layers(model, post, first_norm):
+    blocks = list(model.blocks)
+    if not post:
+        return [(b.attn.sublayer, b.attn.norm, b.ffn.sublayer, b.ffn.norm) for b in blocks], model.final_norm
+    inputs = [first_norm] + [b.ffn.norm for b in blocks[:-1]]  # the norm each layer's input went through
+    return [(b.attn.sublayer, ln_in, b.ffn.sublayer, b.attn.norm) for b, ln_in in zip(blocks, inputs)], blocks[-1].ffn.norm
+
+
+@pytest.mark.parametrize("dtype, tol", TOLERANCES)
+@pytest.mark.parametrize("base, embedding_norm", [("pre", False), ("post", True), ("post", False)])
+@pytest.mark.parametrize("depth", [2, 12])
+def test_deepscalelm_equals_the_official_megatron_layers(base, embedding_norm, depth, dtype, tol, record_deviation):
+    """Pre-LN as the official code; Post-LN with the official embedding norm (`norm.embedding_norm=true`), or
+    without it (the paper's formula), equal to the official layers with that norm taken out."""
+    cfg = deepnorm_exp.compose(["norm=deepscalelm", f"norm.base={base}", f"norm.embedding_norm={str(embedding_norm).lower()}",
+                                f"depth={depth}", *WIDE])
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(cfg).to(dtype).eval()
+    scheme = make_scheme(cfg)
+    with torch.no_grad():  # norms' affine learned away from (1, 0), so the copy is what is compared
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.normal_(1.0, 0.2)
+                module.bias.normal_(0.0, 0.2)
+    first_norm = model.stream_in if embedding_norm else nn.Identity()
+    layers, final = _dslm_layers(model, base == "post", first_norm)
+    lam, beta = scheme.alpha("decoder"), scheme.beta("decoder")
+    tokens = _tokens(cfg)
+    params = dict(model.named_parameters())
+    ours = _hidden_and_grads(lambda: model.hidden(tokens), params)
+    official = _hidden_and_grads(lambda: official_dslm_stack(model.embed(tokens), layers, lam, beta, base == "post",
+                                                              first_norm, final), params)
+    _agree(record_deviation, ours, official, tol)
+    with torch.no_grad():  # negative control: lambda 1% off
+        wrong = official_dslm_stack(model.embed(tokens), layers, 1.01 * lam, beta, base == "post", first_norm, final)
+        assert not torch.allclose(ours[0], wrong, rtol=tol, atol=tol)
+        if base == "post" and not embedding_norm:  # the official embedding norm is a real difference
+            norm = nn.LayerNorm(64, dtype=dtype)
+            assert not torch.allclose(ours[0], official_dslm_stack(model.embed(tokens), _dslm_layers(model, True, norm)[0],
+                                                                   lam, beta, True, norm, final), rtol=tol, atol=tol)

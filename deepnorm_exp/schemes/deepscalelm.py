@@ -25,8 +25,19 @@ Where this departs from the official code (a Megatron BERT built to plot signal 
 - Its r, the correlation between the tokens attention averages, is predicted per layer by a recursion that
   starts from a statistic of its corpus (0.221 for BERT's Wikipedia); here one constant r for every layer,
   default 1 (the fully correlated bound: the smallest v, out draws).
-- Its tied output head reads the hidden state times 1/sqrt(0.3 d); here the head is the project's (unit-moment
-  hidden states give logits of moment about 1/2 with these embeddings).
+- Its tied output head is a dense map, ReLU and LayerNorm, then times 1/sqrt(0.3 d), plus a bias on the logits;
+  here the head is the project's (unit-moment hidden states give logits of moment about 1/2 with these
+  embeddings).
+- Its Post-LN (Megatron's `--apply-residual-connection-post-layernorm`) normalises each layer's input and takes
+  the residual from that output, so the embedding passes through a LayerNorm before block 0 (2L + 1 norms); the
+  paper's LN(lambda x + beta G(x)) has none there. `norm.embedding_norm=true` (with `norm.base=post`) adds it:
+  tests/test_oracles_zoo.py holds both bases to that layer's forward, the norm on or off.
+- Its embeddings are three tables (words, learned positions, token types) of moment (1 - p) / 3 each, unscaled,
+  the (1 - p) undoing the embedding dropout; here tokens and sinusoids give 1/2 each, not compensated.
+- Its dropout p is the one `hidden_dropout` everywhere; here each sublayer's own output dropout (fc2's also the
+  hidden activation's). Its query and key share one per-head interleaved weight (a layout, not a rule).
+- Its encoder-decoder path adds cross-attention without lambda and beta (and with an init that is not applied);
+  the 3 residual adds per encoder-decoder decoder layer here have no official counterpart.
 """
 
 from __future__ import annotations
@@ -54,6 +65,7 @@ class DeepScaleLMConfig(PostOrPreConfig):
     name: str = "deepscalelm"
     k: float = 2.0  # beta^2 = k / N, N the stack's residual adds
     token_correlation: float = 1.0  # r, the correlation of the tokens attention averages (v and out draws)
+    embedding_norm: bool = False  # base=post: a LayerNorm on the embedding before block 0, as the official code
 
     def __post_init__(self):
         super().__post_init__()
@@ -61,6 +73,8 @@ class DeepScaleLMConfig(PostOrPreConfig):
             raise ConfigError("k", self.k, "must be a positive number (beta^2 = k / N)")
         if not 0 < self.token_correlation <= 1:
             raise ConfigError("token_correlation", self.token_correlation, "must lie in (0, 1]")
+        if self.embedding_norm and self.base != "post":
+            raise ConfigError("embedding_norm", self.embedding_norm, "only with norm.base=post (the official Post-LN's)")
 
 
 class ScaledPostNormResidual(PostNormResidual):
@@ -99,6 +113,9 @@ class DeepScaleLM(PostOrPre):
 
     def alpha(self, stack: str) -> float:  # the stream's multiplier, lambda
         return math.sqrt(1 - self.beta(stack) ** 2)
+
+    def stream_in(self, d_model: int, stack: str) -> nn.Module:
+        return self.norm(d_model) if self.cfg.embedding_norm else nn.Identity()
 
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         cls = ScaledPostNormResidual if self.cfg.base == "post" else ScaledPreNormResidual
