@@ -365,6 +365,12 @@ def test_the_page_says_its_scale_and_counts_what_failed_from_the_records():
     assert text.startswith("**How to read it.** The 3 runs behind this page are small models (d_model 64, 512; "
                            "cpu, cuda)")
     assert "at least 10% of the gap" in text and "1 completed without training and 1 diverged" in text
+    assert "cuda) on the synthetic language, whose optimal loss is known" in text
+    # runs on data without a known optimum are counted apart, and the gap they are judged on said
+    text_runs = runs.assign(optimal_loss=[2.7, 2.7, None])
+    assert "cuda): 2 on the synthetic language, whose optimal loss is known (docs/models-and-data.md), 1 on real " \
+           "text, whose optimum is not known (there the gap runs down to 0 nats)" in setting_text(
+               evidence(runs_quickstart=text_runs))
     assert setting_text(evidence()) == "No study has records yet."
 
 
