@@ -614,3 +614,100 @@ def test_deepscalelm_equals_the_official_megatron_layers(base, embedding_norm, d
             norm = nn.LayerNorm(64, dtype=dtype)
             assert not torch.allclose(ours[0], official_dslm_stack(model.embed(tokens), _dslm_layers(model, True, norm)[0],
                                                                    lam, beta, True, norm, final), rtol=tol, atol=tol)
+
+
+# --- Norm placements from official LLM code, each transcribed as a stack around the project's sublayers, with
+# the official RMSNorm (in the input's dtype, `OfficialRMSNorm`) holding the project's gains:
+# LayerNorm Scaling: github.com/lmsdss/LayerNorm-Scaling, peft_pretraining/modeling_llama.py at 5d4dd11 (the
+#   LlamaDecoderLayer forward's scaled branch, lines 427-454; from 33c3899 on its NORM_TYPE test never matches);
+# Peri-LN: github.com/allenai/OLMo-core, src/olmo_core/nn/transformer/block.py at fa6c501 (PeriNormTransformerBlock,
+#   lines 312-361; the paper released no code);
+# HybridNorm: github.com/BryceZhuo/HybridNorm, dense_model/olmo/model.py at f0dd605 (OLMoSequentialBlock, lines
+#   797-894, per-head q/k/v norms applied in attention(), lines 668-673);
+# OLMo 2: allenai/OLMo-core block.py at fa6c501 (ReorderedNormTransformerBlock, lines 293-309), allenai/OLMo
+#   olmo/model.py at 59a53e3 (norm_after).
+def official_lns_stack(h, layers, final_norm):
+    for index, (attention, n_in, mlp, n_post) in enumerate(layers):
+        scale = 1 / (index + 1) ** 0.5
+        h = h + attention(scale * n_in(h))
+        h = h + mlp(scale * n_post(h))
+    return final_norm(h)
+
+
+def official_peri_stack(h, layers, final_norm):
+    for attention, n_in, out_a, mlp, n_f, out_f in layers:
+        h = h + out_a(attention(n_in(h)))
+        h = h + out_f(mlp(n_f(h)))
+    return final_norm(h)
+
+
+def official_hybrid_stack(h, layers, final_norm):
+    """Attention on the raw stream (its q, k, v normalised per head inside); the FFN on the normalised stream,
+    whose residual is the normalised value."""
+    for attention, mlp, n_ffn in layers:
+        h = h + attention(h)
+        n = n_ffn(h)
+        h = n + mlp(n)
+    return final_norm(h)
+
+
+def official_hybrid_attention(attention, q_norm, k_norm, v_norm):
+    """OLMo's attention() with use_query/key/value_norm: the heads split, each normalised over head_dim (one gain
+    shared by the heads), causal softmax attention, the output projection."""
+    def forward(x):
+        batch, seq, d = x.shape
+        q, k, v = attention.qkv(x).view(batch, seq, 3, attention.n_heads, -1).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q_norm(q), k_norm(k), v_norm(v), is_causal=True)
+        return attention.out(y.transpose(1, 2).reshape(batch, seq, d))
+    return forward
+
+
+def official_olmo2_stack(h, layers, final_norm):
+    for attention, out_a, mlp, out_f in layers:
+        h = h + out_a(attention(h))
+        h = h + out_f(mlp(h))
+    return final_norm(h)
+
+
+def _copy(norm, eps):
+    return OfficialRMSNorm(norm.weight, eps)
+
+
+PLACEMENTS = {  # norm: (the official stack, its layers from the project's model, the RMSNorm eps of the official code)
+    "lnscale": (official_lns_stack, lambda b, eps: (b.attn.sublayer, _copy(b.attn.norm.norm, eps), b.ffn.sublayer,
+                                                    _copy(b.ffn.norm.norm, eps)), 1e-6),
+    "periln": (official_peri_stack, lambda b, eps: (b.attn.sublayer, _copy(b.attn.norm, eps), _copy(b.attn.out_norm, eps),
+                                                    b.ffn.sublayer, _copy(b.ffn.norm, eps), _copy(b.ffn.out_norm, eps)), 1e-6),
+    "hybridnorm": (official_hybrid_stack, lambda b, eps: (
+        official_hybrid_attention(b.attn.sublayer, *(_copy(getattr(b.attn.sublayer, f"{n}_norm"), eps) for n in "qkv")),
+        b.ffn.sublayer, _copy(b.ffn.norm, eps)), 1e-5),
+    "olmo2": (official_olmo2_stack, lambda b, eps: (b.attn.sublayer, _copy(b.attn.out_norm, eps), b.ffn.sublayer,
+                                                    _copy(b.ffn.out_norm, eps)), 1e-6),
+}
+
+
+@pytest.mark.parametrize("dtype, tol", TOLERANCES)
+@pytest.mark.parametrize("depth", [4, 12])
+@pytest.mark.parametrize("norm", PLACEMENTS)
+def test_placements_equal_the_official_llm_blocks(norm, depth, dtype, tol, record_deviation):
+    """Hidden states and the gradients of every sublayer weight; the official norms hold the project's gains
+    (perturbed from 1), RMSNorm at the official eps."""
+    stack, layers_of, eps = PLACEMENTS[norm]
+    cfg = deepnorm_exp.compose([f"norm={norm}", "norm.layer=rmsnorm", f"model.norm_eps={eps}", f"depth={depth}", *WIDE])
+    torch.manual_seed(0)
+    model = deepnorm_exp.build_model(cfg).to(dtype).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.RMSNorm):
+                module.weight.normal_(1.0, 0.2)
+    layers = [layers_of(block, eps) for block in model.blocks]
+    final = _copy(model.final_norm, eps)
+    tokens = _tokens(cfg)
+    weights = {n: p for n, p in model.named_parameters() if ".sublayer." in n and not n.endswith("_norm.weight")}
+    ours = _hidden_and_grads(lambda: model.hidden(tokens), weights)
+    official = _hidden_and_grads(lambda: stack(model.stream_in(model.embed(tokens)), layers, final), weights)
+    _agree(record_deviation, ours, official, tol)
+    with torch.no_grad():  # negative control: the final norm's gain 1% off
+        wrong = copy.deepcopy(final)
+        wrong.weight.mul_(1.01)
+        assert not torch.allclose(ours[0], stack(model.stream_in(model.embed(tokens)), layers, wrong), rtol=tol, atol=tol)

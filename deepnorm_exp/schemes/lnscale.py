@@ -1,5 +1,9 @@
 """LayerNorm Scaling (Sun et al., 2025, "The Curse of Depth in Large Language Models"): Pre-LN whose LN output
-in layer l (1-based) is multiplied by 1/sqrt(l): x_{l+1} = x_l + G(LN(x_l) / sqrt(l))."""
+in layer l (1-based) is multiplied by 1/sqrt(l): x_{l+1} = x_l + G(LN(x_l) / sqrt(l)), the final norm unscaled.
+
+Held to the official code (lmsdss/LayerNorm-Scaling at 5d4dd11, and OLMo-core's LayerNormScaledTransformerBlock)
+in tests/test_oracles_zoo.py, with its RMSNorm (`norm.layer=rmsnorm`, `model.norm_eps=1e-6`). Its init is N(0,
+0.02); here the zoo's Xavier."""
 
 from __future__ import annotations
 

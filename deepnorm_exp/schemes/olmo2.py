@@ -6,6 +6,8 @@ head, as in Pre-LN. Peri-LN (`norm=periln`) normalises the sublayer's input as w
 Not part of this scheme: OLMo 2 also normalises q and k, over the full width before the heads are split (not
 per head): `model.qk_norm=rmsnorm` composes with it but normalises per head. OLMo 2 uses RMSNorm
 (`norm.layer=rmsnorm`) and a truncated normal init (std 0.02, no depth scaling); here the zoo's Xavier-normal.
+Its output norm comes before the sublayer's dropout, here after it (equal without dropout). The placement is
+held to OLMo-core's ReorderedNormTransformerBlock in tests/test_oracles_zoo.py.
 """
 
 from __future__ import annotations

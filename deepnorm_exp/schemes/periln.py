@@ -1,6 +1,12 @@
 """Peri-LN (Kim et al., 2025, "Peri-LN: Revisiting Layer Normalization in the Transformer Architecture"):
 x_{l+1} = x_l + LN_out(G(LN_in(x_l))), a norm on both the input and the output of every sublayer, the
-residual stream itself never normalized; a final LN as in Pre-LN."""
+residual stream itself never normalized; a final LN as in Pre-LN.
+
+The paper released no code; OLMo-core's PeriNormTransformerBlock (at fa6c501) is the reference
+tests/test_oracles_zoo.py holds it to (RMSNorm, eps 1e-6). Two departures: there the output norm comes before
+the sublayer's dropout, drop(LN_out(G)), here after it, LN_out(drop(G)) (equal without dropout, the studies'
+setting); its init is a truncated normal (std 0.02), here the zoo's Xavier. Its runs also normalise q and k over
+the full width; `model.qk_norm` normalises per head."""
 
 from __future__ import annotations
 
