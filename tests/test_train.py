@@ -242,3 +242,34 @@ def test_a_run_stored_before_flush_denormal_existed_is_not_taken_as_one_trained_
     assert err.value.key == "train.flush_denormal"
     check_same_training(stored, deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "train.flush_denormal=false"]),
                         tmp_path)
+
+
+@pytest.mark.parametrize("norm, key, absent_means, current", [
+    ("deepscalelm", "embedding_norm", None, True),  # its absence is the default: taken as current
+    ("tfixup", "init", None, True),
+    ("hybridnorm", "init", None, True),  # the zoo's rows were stored before it: their re-launch was refused
+    ("sigma_reparam", "qkv", None, True),
+    ("rezero", "alpha_per", "alpha_per=sublayer", False),  # trained one alpha per sublayer: not today's default
+    ("admin", "omega_param", None, False),  # no value of the key trains what the earlier profile did
+    ("dsinit", "rule", None, False)])
+def test_a_run_stored_before_its_schemes_key_existed_compares_as_what_it_trained(tmp_path, norm, key, absent_means,
+                                                                                 current):
+    """A scheme's Config says what a key's absence means where that is a value of the key (ABSENT_MEANS); a key
+    whose introduction changed training has none, and the stored run is another config's."""
+    from omegaconf import OmegaConf
+
+    from deepnorm_exp.errors import ConfigError
+    from deepnorm_exp.lifecycle.claim import check_same_training
+
+    cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", f"norm={norm}"])
+    stored = OmegaConf.to_container(cfg, resolve=True)
+    del stored["norm"][key]
+    if current:
+        check_same_training(stored, cfg, tmp_path)
+    else:
+        with pytest.raises(ConfigError) as err:
+            check_same_training(stored, cfg, tmp_path)
+        assert err.value.key == f"norm.{key}"
+    if absent_means:
+        check_same_training(stored, deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", f"norm={norm}",
+                                                          f"norm.{absent_means}"]), tmp_path)

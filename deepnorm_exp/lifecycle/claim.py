@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import ABSENT_MEANS, TRAINED_KEYS, UNTRAINED_KEYS, Config
 from ..errors import ConfigError, RecordError
 from ..records import read_yaml, remove_temporaries
+from ..schemes import SCHEMES
 from ..train import checkpoint
 from .runlock import RunLock
 from .summary import has_ended, read_summary
@@ -95,8 +96,21 @@ def schema_defaults() -> dict:
     return OmegaConf.to_container(defaults, resolve=False, throw_on_missing=False)
 
 
+def with_scheme_absent_means(stored: Any) -> Any:
+    """`stored` with its scheme's keys added after it was written, where the scheme's Config says what their
+    absence means (`ABSENT_MEANS`: the behaviour runs had before the key existed). A key a scheme gained whose
+    absence matches no value (the behaviour changed with it) is left absent: such a run never compares as
+    current."""
+    norm = stored.get("norm") if isinstance(stored, dict) else None
+    if not isinstance(norm, dict) or norm.get("name") not in SCHEMES.names():
+        return stored
+    absent = getattr(SCHEMES.get(norm["name"]).Config, "ABSENT_MEANS", {})
+    return {**stored, "norm": {**{k: v for k, v in absent.items() if k not in norm}, **norm}}
+
+
 def check_same_training(stored: dict, cfg: DictConfig, out_dir: Path) -> None:
     """ConfigError unless `stored` (a resolved config) trains what `cfg` asks for."""
+    stored = with_scheme_absent_means(stored)
     found = first_difference(trained_config(with_schema_defaults(stored, schema_defaults())),
                              trained_config(OmegaConf.to_container(cfg, resolve=True)))
     if found is not None:

@@ -66,6 +66,7 @@ class DeepScaleLMConfig(PostOrPreConfig):
     k: float = 2.0  # beta^2 = k / N, N the stack's residual adds
     token_correlation: float = 1.0  # r, the correlation of the tokens attention averages (v and out draws)
     embedding_norm: bool = False  # base=post: a LayerNorm on the embedding before block 0, as the official code
+    ABSENT_MEANS = {"embedding_norm": False}  # a run stored before the key: what it trained (lifecycle/claim.py)
 
     def __post_init__(self):
         super().__post_init__()

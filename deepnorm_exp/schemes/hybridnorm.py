@@ -40,6 +40,7 @@ CUTOFF = 3.0  # OLMo's init_cutoff_factor in the authors' config
 class HybridNormConfig(NormedConfig):
     pre_first: bool = False  # true: HybridNorm*, block 0 Pre-Norm in both sublayers (its q, k, v norms kept)
     init: str = "xavier"  # xavier | megatron (the authors' recipe)
+    ABSENT_MEANS = {"init": "xavier"}  # a run stored before the key trained Xavier (lifecycle/claim.py)
 
     def __post_init__(self):
         super().__post_init__()

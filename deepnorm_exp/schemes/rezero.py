@@ -8,7 +8,8 @@ one `resweight`), so its gradient is the sum of theirs (tests/test_oracles_zoo.p
 `norm.alpha_per=sublayer` learns one per sublayer instead, as many re-implementations do. With one per layer
 FSDP2 is refused: it shards each sublayer's block apart, and a parameter two of them share cannot be sharded
 with both. Init: the zoo's Xavier, where the official layers keep torch's defaults (and start identical,
-deep copies of one layer).
+deep copies of one layer). The per-block metrics count a shared alpha once, with the layer's last sublayer
+(its FFN): at init, when alpha is 0 and only alpha gets a gradient, its attention row reads 0.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .branch import BranchScaledResidual
 class ReZeroConfig(SchemeConfig):
     name: str = "rezero"
     alpha_per: str = "layer"  # layer (the paper's and the official code's) | sublayer
+    ABSENT_MEANS = {"alpha_per": "sublayer"}  # what a run stored before the key trained (lifecycle/claim.py)
 
     def __post_init__(self):
         require_choice("alpha_per", self.alpha_per, ("layer", "sublayer"))

@@ -87,6 +87,9 @@ class SigmaReparamConfig(PostOrPreConfig):
     name: str = "sigma_reparam"
     qkv: str = "split"  # split: q, k, v three matrices | fused: one, as the official code
     init: str = "xavier"  # xavier | official: trunc_normal(std 0.02), torch's default biases
+    # a run stored before these keys trained split and xavier (its eval-time sigma was the stored vector's, which
+    # moves eval loss, not training; lifecycle/claim.py)
+    ABSENT_MEANS = {"qkv": "split", "init": "xavier"}
 
     def __post_init__(self):
         super().__post_init__()

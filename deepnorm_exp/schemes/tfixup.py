@@ -39,6 +39,9 @@ from .deepnorm import BETA_ROLES
 class TFixupConfig(SchemeConfig):
     name: str = "tfixup"
     init: str = "paper"  # paper: Xavier-normal, gain 1 | official: the official code's draws
+    # a run stored before the key trained `paper` (learned positions and an untied head were scaled then: a run
+    # with either is taken as current, the one departure; lifecycle/claim.py)
+    ABSENT_MEANS = {"init": "paper"}
 
     def __post_init__(self):
         require_choice("init", self.init, ("paper", "official"))
