@@ -113,7 +113,8 @@ def test_every_scheme_combines_the_dropped_out_branch(norm):
     with torch.no_grad():
         replayed = block(branch_input)
     handle.remove()
-    # (sigma-Reparam's power iteration steps in training mode only: a last-digit difference, not a misplaced mask)
+    # (sigma-Reparam's replay recomputes sigma from the same stored vector: at most a last-digit difference,
+    # not a misplaced mask)
     torch.testing.assert_close(trained, replayed, rtol=1e-4, atol=1e-5)
     assert (dropped == 0).float().mean() > 0.3  # the captured branch is the dropped-out one
 
