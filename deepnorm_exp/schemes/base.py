@@ -196,6 +196,13 @@ class BaselineInit:
                 bias.zero_()
 
 
+@torch.no_grad()
+def linear_default_bias_(bias: torch.Tensor, fan_in: int) -> None:
+    """What a fresh nn.Linear draws for its bias, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (official codes that keep it)."""
+    bound = 1 / math.sqrt(fan_in)
+    nn.init.uniform_(bias, -bound, bound)
+
+
 def xavier_std(fan_in: int, fan_out: int, gain: float = 1.0) -> float:
     """The std `nn.init.xavier_normal_` draws from (used by tests and docs)."""
     return gain * math.sqrt(2.0 / (fan_in + fan_out))

@@ -23,7 +23,6 @@ zoo's Xavier (`xavier`) or the official `trunc_normal(std 0.02)` weights with to
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +32,7 @@ from torch.nn.utils import parametrize
 
 from ..errors import require_choice
 from . import register
-from .base import Sublayer
+from .base import Sublayer, linear_default_bias_
 from .post_or_pre import PostOrPre, PostOrPreConfig
 
 OFFICIAL_STD = 0.02  # vision/layers.py's SNLinear init: trunc_normal_(std=0.02)
@@ -110,9 +109,8 @@ class SigmaReparamScheme(PostOrPre):
         for module in sublayer.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=OFFICIAL_STD)
-                if module.bias is not None:  # what a fresh nn.Linear draws
-                    bound = 1 / math.sqrt(module.in_features)
-                    nn.init.uniform_(module.bias, -bound, bound)
+                if module.bias is not None:
+                    linear_default_bias_(module.bias, module.in_features)
 
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         reparametrize(sublayer, self.cfg.qkv == "split")  # after init_sublayer: gamma starts at each sigma, W_hat = W

@@ -22,7 +22,6 @@ tests/test_oracles_zoo.py holds `official` to that code role by role.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +29,7 @@ from torch import nn
 
 from ..errors import require_choice
 from . import register
-from .base import QKV_GAIN, NormScheme, SchemeConfig, Sublayer
+from .base import QKV_GAIN, NormScheme, SchemeConfig, Sublayer, linear_default_bias_
 from .branch import PlainResidual
 from .deepnorm import BETA_ROLES
 
@@ -67,8 +66,7 @@ class TFixup(NormScheme):
             gain = QKV_GAIN if role in ("q", "k") else self.gain(role, stack, layer)
             nn.init.xavier_uniform_(weight, gain=gain)
             if bias is not None and role in ("q", "k", "v"):  # what a fresh nn.Linear(d, d) draws
-                bound = 1 / math.sqrt(weight.shape[1])
-                nn.init.uniform_(bias, -bound, bound)
+                linear_default_bias_(bias, weight.shape[1])
             elif bias is not None:
                 bias.zero_()
 
