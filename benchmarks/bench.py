@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from deepnorm_exp.rundir import RunDir
+
 REPO = Path(__file__).resolve().parent.parent  # `-m benchmarks.*` children run from the repository root
 
 SHAPE = ["model.d_model=64", "model.n_heads=4", "model.d_ff=256", "train.seq_len=64", "train.batch_size=8"]
@@ -326,7 +328,7 @@ def cli_summary(root: Path, *overrides: str, timeout: float = 900) -> dict:
                                 capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"status": "timed out", "error": f"stopped after {timeout:.0f} s"}
-    summaries = sorted(root.glob("*/*/summary.json"), key=lambda p: p.stat().st_mtime)
+    summaries = sorted(root.glob(f"*/*/{RunDir.SUMMARY}"), key=lambda p: p.stat().st_mtime)
     if result.returncode != 0 or not summaries:
         return {"status": "failed", "error": (result.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(summaries[-1].read_text())
@@ -335,7 +337,7 @@ def cli_summary(root: Path, *overrides: str, timeout: float = 900) -> dict:
 def steady_state(summary: dict) -> dict:
     """A GPU run's figures: the median logged interval after the first (which pays for compilation and
     warm-up), the peak memory against the estimate, the wall time."""
-    records = [json.loads(r) for r in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(r) for r in RunDir(summary["run_dir"]).metrics.read_text().splitlines()]
     later = [r for r in records[1:] if "tokens_per_s" in r] or records
 
     def median(key):
@@ -404,7 +406,7 @@ def gpu_section(root: Path, budget_s: float = 540, results: Path | None = None) 
     resumed = cli_summary(killed_root, *args, timeout=left(0.15))
 
     def losses(directory: Path) -> list:
-        found = list(directory.glob("*/*/metrics.jsonl"))
+        found = list(directory.glob(f"*/*/{RunDir.METRICS}"))
         return [json.loads(r)["loss"] for r in found[0].read_text().splitlines()] if found else []
 
     first, second, after_kill = losses(root / "gpu-straight-0"), losses(root / "gpu-straight-1"), losses(killed_root)
@@ -435,7 +437,7 @@ def time_to_first_step(root: Path, logger: str) -> float:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     elapsed = math.nan
     while proc.poll() is None or math.isnan(elapsed):
-        metrics = list(run_root.glob("*/*/metrics.jsonl"))
+        metrics = list(run_root.glob(f"*/*/{RunDir.METRICS}"))
         if metrics and metrics[0].read_text().strip():
             elapsed = time.perf_counter() - started
             break

@@ -14,10 +14,10 @@ from .task import train
 
 def all_finished(jobs) -> bool:
     """Whether every job of a sweep already has a final summary, so launching would only skip them all."""
-    from .lifecycle.summary import has_ended, read_summary
+    from .lifecycle.summary import has_finished
 
     for job in jobs:
-        if not (job.fixed and job.cfg.resume and has_ended(read_summary(job.run_dir / "summary.json"))):
+        if not (job.fixed and job.cfg.resume and has_finished(job.run_dir)):
             return False
     return True
 
@@ -25,17 +25,17 @@ def all_finished(jobs) -> bool:
 def failed_runs(jobs) -> list[str]:
     """The jobs of a finished sweep whose run failed or left no record (a diverged run is a result; a run
     that another process holds, e.g. a second sweep launched at once, is that process's to report)."""
-    from .lifecycle.runlock import held_elsewhere
-    from .lifecycle.summary import has_ended, read_summary
+    from .lifecycle.summary import has_ended, summary_of
+    from .rundir import RunDir
 
     failed = []
     for job in jobs:
-        summary = read_summary(job.run_dir / "summary.json") or {}
+        summary = summary_of(job.run_dir) or {}
         if has_ended(summary):
             continue
-        if summary.get("status") != "failed" and held_elsewhere(job.run_dir):
+        if summary.get("status") != "failed" and RunDir(job.run_dir).held_elsewhere():
             continue  # running in another process
-        failed.append(f"{job.run_dir.name}: {summary.get('error') or summary.get('status') or 'no summary.json'}")
+        failed.append(f"{job.run_dir.name}: {summary.get('error') or summary.get('status') or 'no ' + RunDir.SUMMARY}")
     return failed
 
 

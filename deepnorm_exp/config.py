@@ -11,13 +11,14 @@ import importlib.util
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, Iterator, Optional, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError, first_line, require_choice
+from .rundir import NAMED_KEYS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
@@ -56,6 +57,69 @@ def package_dir(name: str) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))).resolve())
 
 
+RULES = {  # what a value must be beyond its type, and the words a refusal says
+    "positive_int": (lambda v: v > 0, "must be a positive integer"),
+    "positive": (lambda v: math.isfinite(v) and v > 0, "must be a positive finite number"),
+    "non_negative": (lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"),
+    "fraction": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "above_zero": (lambda v: v > 0, "must be > 0"),  # infinity too: grad_clip=inf clips nothing
+}
+
+
+def setting(default: Any = MISSING, *, factory: Any = None, **rule: Any) -> Any:
+    """A schema field and its rule, kept in the field's metadata, the one place a key's facts live (its
+    meaning is the comment on its line, which docs/configuration.md prints):
+
+    * `choices=(...)`: the values it takes; `check=`: a RULES name; `null="..."`: null is allowed, and means
+      that (the refusal says so);
+    * `trained=False`: changing it does not change what is trained (how often a run is observed or saved,
+      where its files go, how one computation is laid out), so run names leave it out and a resume ignores
+      it; on the root config, `trained=None`: neither (named in the run's directory, or read through
+      another key);
+    * `absent=`: what its absence means in a config stored before it existed, where that is not its
+      default (the behaviour those runs had), so the resume check never takes such a run as trained with it.
+    """
+    unknown = set(rule) - {"choices", "check", "null", "trained", "absent"}
+    if unknown or rule.get("check", "positive") not in RULES:
+        raise TypeError(f"setting: unknown rule {sorted(unknown) or rule['check']}")
+    if factory is not None:
+        return field(default_factory=factory, metadata=rule)
+    return field(default=default, metadata=rule)
+
+
+def rules(schema: type, prefix: str = "") -> Iterator[tuple[str, dict]]:
+    """(dotted key, its rule) of every field of a dataclass schema, its dataclass sections' fields after
+    their own (a section's rule stands for every key inside it)."""
+    for item in fields(schema):
+        yield prefix + item.name, dict(item.metadata)
+        if is_dataclass(item.default_factory):  # type: ignore[arg-type]
+            yield from rules(item.default_factory, f"{prefix}{item.name}.")  # type: ignore[arg-type]
+
+
+def check_rules(schema: type, cfg: Any, prefix: str = "") -> None:
+    """ConfigError for the first key of `cfg` (a config, or the dataclass object it became) that breaks its
+    field's rule; keys are named with `prefix`."""
+    for key, rule in rules(schema):
+        if not {"choices", "check"} & set(rule):
+            continue
+        value = _get(cfg, key, prefix) if OmegaConf.is_config(cfg) else _attr(cfg, key)
+        if value is None and "null" in rule:
+            continue
+        if rule.get("choices"):
+            require_choice(prefix + key, value, rule["choices"])
+        if "check" in rule:
+            holds, words = RULES[rule["check"]]
+            if not holds(value):
+                raise ConfigError(prefix + key, value, words + (f", or null for {rule['null']}" if "null" in rule
+                                                                else ""))
+
+
+def _attr(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 if not OmegaConf.has_resolver("tuned_lr"):
     OmegaConf.register_new_resolver("tuned_lr", tuned_lr)
 if not OmegaConf.has_resolver("repo_root"):
@@ -69,30 +133,33 @@ if not OmegaConf.has_resolver("package_dir"):
 @dataclass
 class ModelConfig:
     kind: str = "decoder"  # decoder (a causal LM) | encdec (an encoder-decoder translation model): the model group
-    d_model: int = 64  # width of the residual stream
-    n_heads: int = 4  # attention heads; must divide d_model
-    d_ff: int = 256  # hidden width of each FFN
-    ffn: str = "gelu"  # gelu: fc2(gelu(fc1 x)) | swiglu: fc1 twice as wide, fc2(u * silu(v)) (LLaMA's, nGPT's)
-    max_seq_len: int = 256  # the longest sequence the positions cover
-    vocab_size: int = MISSING  # from the data: ${data.vocab_size}
+    d_model: int = setting(64, check="positive_int")  # width of the residual stream
+    n_heads: int = setting(4, check="positive_int")  # attention heads; must divide d_model
+    d_ff: int = setting(256, check="positive_int")  # hidden width of each FFN
+    # gelu: fc2(gelu(fc1 x)) | swiglu: fc1 twice as wide, fc2(u * silu(v)) (LLaMA's, nGPT's)
+    ffn: str = setting("gelu", choices=("gelu", "swiglu"))
+    max_seq_len: int = setting(256, check="positive_int")  # the longest sequence the positions cover
+    vocab_size: int = setting(MISSING, check="positive_int")  # from the data: ${data.vocab_size}
     # fairseq's --dropout: the embeddings, and each sublayer's output G(x) before the scheme combines it with x
-    dropout: float = 0.0
-    attention_dropout: float = 0.0  # fairseq's --attention-dropout: the attention weights
+    dropout: float = setting(0.0, check="fraction")
+    attention_dropout: float = setting(0.0, check="fraction")  # fairseq's --attention-dropout: the attention weights
     # fairseq's --activation-dropout: the FFN's hidden activation (before a Sub-LN inner norm, as torchscale)
-    activation_dropout: float = 0.0
-    norm_eps: float = 1e-5  # epsilon of every LayerNorm and RMSNorm
-    positions: str = "sinusoidal"  # sinusoidal | learned
+    activation_dropout: float = setting(0.0, check="fraction")
+    norm_eps: float = setting(1e-5, check="positive")  # epsilon of every LayerNorm and RMSNorm
+    positions: str = setting("sinusoidal", choices=("sinusoidal", "learned"))  # sinusoidal | learned
     tie_embeddings: bool = True  # the output head shares the embedding's weight
     activation_checkpointing: bool = False  # torch.utils.checkpoint per block: less memory, one more forward
-    encoder_depth: Optional[int] = None  # encdec: layers of the encoder (null: depth); decoder-only: refused
-    decoder_depth: Optional[int] = None  # layers of the decoder (null: depth)
+    # encdec: layers of the encoder (null: depth); decoder-only: refused
+    encoder_depth: Optional[int] = setting(None, check="positive_int", null="depth")
+    # layers of the decoder (null: depth)
+    decoder_depth: Optional[int] = setting(None, check="positive_int", null="depth")
     # none | layernorm | rmsnorm: q and k normalised per head before their dot product (QK-norm: Dehghani et
     # al. 2023, Wortsman et al. 2023), in every attention sublayer whatever the scheme
-    qk_norm: str = "none"
+    qk_norm: str = setting("none", choices=("none", "layernorm", "rmsnorm"))
     # cap tanh(logit / cap) on every attention logit q.k / sqrt(d_head), before the softmax (Gemma 2: 50); null: off
-    attn_softcap: Optional[float] = None
+    attn_softcap: Optional[float] = setting(None, check="positive", null="no capping")
     # the same on the output logits (Gemma 2: 30); null: off
-    logit_softcap: Optional[float] = None
+    logit_softcap: Optional[float] = setting(None, check="positive", null="no capping")
 
 
 @dataclass
@@ -100,55 +167,70 @@ class DivergenceConfig:
     """A run has diverged when its loss or its gradients are non-finite (at once), or when its loss stays
     above spike_factor x (its lowest loss so far) for spike_patience consecutive steps."""
 
-    spike_factor: float = 3.0  # the loss-spike rule's factor over the lowest loss so far
-    spike_patience: int = 20  # consecutive steps above it that make a divergence
+    spike_factor: float = setting(3.0, check="positive")  # the loss-spike rule's factor over the lowest loss so far
+    spike_patience: int = setting(20, check="positive_int")  # consecutive steps above it that make a divergence
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 300  # optimizer steps
-    batch_size: int = 16  # sequences per step, all processes together (the global batch)
-    seq_len: int = 64  # tokens per sequence (at most model.max_seq_len)
-    lr: float = 1e-3  # peak learning rate
+    steps: int = setting(300, check="positive_int")  # optimizer steps
+    # sequences per step, all processes together (the global batch)
+    batch_size: int = setting(16, check="positive_int")
+    seq_len: int = setting(64, check="positive_int")  # tokens per sequence (at most model.max_seq_len)
+    lr: float = setting(1e-3, check="positive")  # peak learning rate
     # linear warm-up steps; by default 2 / (1 - beta2), Ma and Yarats 2021 (100 at the paper's beta2 0.98)
-    warmup_steps: int = "${untuned_warmup:${train.betas[1]}}"  # type: ignore[assignment]
+    warmup_steps: int = setting("${untuned_warmup:${train.betas[1]}}", check="non_negative")
     # inverse_sqrt (fairseq's: lr sqrt(warmup / step) after warm-up) | cosine | constant (torch's schedulers)
-    schedule: str = "inverse_sqrt"
+    schedule: str = setting("inverse_sqrt", choices=("inverse_sqrt", "cosine", "constant"))
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW's betas (the paper's)
-    adam_eps: float = 1e-8  # AdamW's epsilon
-    weight_decay: float = 0.0  # AdamW's decoupled weight decay (0: Adam)
-    grad_clip: Optional[float] = None  # off: clipping hides the instability this harness measures
+    adam_eps: float = setting(1e-8, check="positive")  # AdamW's epsilon
+    weight_decay: float = setting(0.0, check="non_negative")  # AdamW's decoupled weight decay (0: Adam)
+    # off: clipping hides the instability this harness measures
+    grad_clip: Optional[float] = setting(None, check="above_zero", null="no clipping")
     # z-loss: this times the mean over target tokens of (log Z)^2, log Z the logsumexp of the output logits,
     # added to the loss that is backpropagated (never to the loss recorded); PaLM's 1e-4; 0: off
-    z_loss: float = 0.0
-    eval_every: int = 100  # steps between held-out evaluations (and after the last step)
+    z_loss: float = setting(0.0, check="non_negative")
+    # steps between held-out evaluations (and after the last step)
+    eval_every: int = setting(100, check="positive_int", trained=False)
     # end the run at the first evaluation where it has trained (learned 10% of the gap; summary's
     # trained_at_step, recorded either way): steps-to-train studies spend no compute after it
-    stop_when_trained: bool = False
-    log_every: int = 10  # steps between scalar records (and at the last step)
-    ckpt_every: int = 100  # steps between checkpoints (0: none); a finished run deletes its checkpoint
-    keep_checkpoint: bool = False  # keep checkpoint.pt after the run completes or diverges
-    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16 (with loss scaling)
-    loss_scale_init: float = 128.0  # fp16: the first loss scale (fairseq's --fp16-init-scale)
-    loss_scale_window: int = 2000  # fp16: steps without overflow before the scale doubles (torch's default)
-    min_loss_scale: float = 1e-4  # fp16: a scale below this is a divergence (fairseq's --min-loss-scale)
+    stop_when_trained: bool = setting(False, absent=False)
+    # steps between scalar records (and at the last step)
+    log_every: int = setting(10, check="positive_int", trained=False)
+    # steps between checkpoints (0: none); a finished run deletes its checkpoint
+    ckpt_every: int = setting(100, check="non_negative", trained=False)
+    keep_checkpoint: bool = setting(False, trained=False)  # keep checkpoint.pt after the run completes or diverges
+    # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16 (with loss scaling)
+    precision: str = setting("auto", choices=("auto", "fp32", "bf16", "fp16"))
+    # fp16: the first loss scale (fairseq's --fp16-init-scale)
+    loss_scale_init: float = setting(128.0, check="positive")
+    # fp16: steps without overflow before the scale doubles (torch's default)
+    loss_scale_window: int = setting(2000, check="positive_int")
+    # fp16: a scale below this is a divergence (fairseq's --min-loss-scale)
+    min_loss_scale: float = setting(1e-4, check="positive")
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
-    parallel: str = "auto"  # auto (none for one process, ddp for several) | none | ddp | fsdp (FSDP2)
-    micro_batch_size: Optional[int] = None  # rows per forward on each rank (gradient accumulation); null: all
-    compile: bool = False  # torch.compile each residual block (regional: compile time does not grow with depth)
+    # auto (none for one process, ddp for several) | none | ddp | fsdp (FSDP2)
+    parallel: str = setting("auto", choices=("auto", "none", "ddp", "fsdp"), trained=False)
+    # rows per forward on each rank (gradient accumulation); null: all
+    micro_batch_size: Optional[int] = setting(None, trained=False)
+    # torch.compile each residual block (regional: compile time does not grow with depth)
+    compile: bool = setting(False, trained=False)
     # deterministic CUDA kernels (torch.use_deterministic_algorithms, cuBLAS's fixed workspace): two GPU runs of
     # one config, or a run and its resume, agree bit for bit; CPU runs do without it
     deterministic: bool = False
     # CPU: flush subnormal floats (below 1.2e-38) to zero, as torch.set_flush_denormal does; deep Post-LN's
     # vanishing backward passes through them, and each costs x86 tens of times a normal operation
-    flush_denormal: bool = True
-    peak_tflops: Optional[float] = None  # the device's peak bf16 TFLOP/s for MFU (null: the table's, by GPU name)
+    flush_denormal: bool = setting(True, absent=False)
+    # the device's peak bf16 TFLOP/s for MFU (null: the table's, by GPU name)
+    peak_tflops: Optional[float] = setting(None, trained=False)
 
 
 @dataclass
 class LoggerConfig:
-    backend: str = "wandb"  # wandb | none (the local records are written either way)
-    mode: str = "offline"  # offline (files under the run directory; `wandb sync` later) | online | disabled
+    # wandb | none (the local records are written either way)
+    backend: str = setting("wandb", choices=("wandb", "none"))
+    # offline (files under the run directory; `wandb sync` later) | online | disabled
+    mode: str = setting("offline", choices=("offline", "online", "disabled"))
     project: str = "deepnorm_exp"  # the W&B project
     entity: Optional[str] = None  # the W&B entity (null: your default)
 
@@ -174,42 +256,54 @@ class TunedLrConfig:
 
 @dataclass
 class Config:
-    norm: Any = MISSING
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: Any = MISSING
-    train: TrainConfig = field(default_factory=TrainConfig)
-    metrics: Any = MISSING  # the instruments' keys: checked against metrics_schema() (deepnorm_exp/metrics/)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    depth: int = 6  # layers of each stack (decoder; encdec: both, unless model.encoder_depth / decoder_depth)
-    seed: int = 0  # model init and batch order; the data have their own data.seed
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: Optional[int] = None  # torch CPU threads for this run (null: torch's default; joblib: cores // n_jobs)
-    resume: bool = True  # skip finished runs, continue unfinished ones from their checkpoint
-    memory_check: bool = True  # refuse a run whose estimated training memory exceeds the device's
-    experiment_name: str = "default"  # the directory under paths.runs (one name: no /, .., leading .), W&B group
-    tuned_lr: Optional[TunedLrConfig] = None  # a table `train.lr: ${tuned_lr:}` reads (budget_study)
+    norm: Any = setting(MISSING, trained=True)
+    model: ModelConfig = setting(factory=ModelConfig, trained=True)
+    data: Any = setting(MISSING, trained=True)
+    train: TrainConfig = setting(factory=TrainConfig, trained=True)
+    # the instruments' keys: checked against metrics_schema() (deepnorm_exp/metrics/)
+    metrics: Any = setting(MISSING, trained=False)
+    logger: LoggerConfig = setting(factory=LoggerConfig, trained=False)
+    paths: PathsConfig = setting(factory=PathsConfig, trained=False)
+    # layers of each stack (decoder; encdec: both, unless model.encoder_depth / decoder_depth)
+    depth: int = setting(6, check="positive_int", trained=True)
+    seed: int = setting(0, trained=True)  # model init and batch order; the data have their own data.seed
+    device: str = setting("auto", trained=False)  # auto | cpu | cuda | cuda:N
+    # torch CPU threads for this run (null: torch's default; joblib: cores // n_jobs)
+    threads: Optional[int] = setting(None, check="positive_int", null="torch's default", trained=False)
+    resume: bool = setting(True, trained=False)  # skip finished runs, continue unfinished ones from their checkpoint
+    # refuse a run whose estimated training memory exceeds the device's
+    memory_check: bool = setting(True, trained=False)
+    # the directory under paths.runs (one name: no /, .., leading .), W&B group
+    experiment_name: str = setting("default", trained=None)
+    # a table `train.lr: ${tuned_lr:}` reads (budget_study)
+    tuned_lr: Optional[TunedLrConfig] = setting(None, trained=None)
 
 
 ConfigStore.instance().store(name="base_config", node=Config)
 
 
-# What a key the schema gained means in a config stored before the key existed, where that is not its
-# default: the behaviour those runs had. The resume check completes a stored config with these, so a run
-# trained before train.flush_denormal existed is never taken as one trained with it.
-ABSENT_MEANS = {"train": {"flush_denormal": False, "stop_when_trained": False}}
+# What decides the weights a run ends with, and what does not (each field's `trained`), read by both a run's
+# directory name (Hydra's override_dirname leaves out NAMED_KEYS and UNTRAINED_KEYS: conf/config.yaml reads
+# `${run_name_excludes:}`) and the resume check (lifecycle/claim.py: trained_config); and what a key's
+# absence means in a config stored before it existed (each field's `absent`).
+TRAINED_KEYS = tuple(key for key, rule in rules(Config) if rule.get("trained") is True and "." not in key)
+UNTRAINED_KEYS = tuple(key for key, rule in rules(Config) if rule.get("trained") is False)
 
 
-# What decides the weights a run ends with, and what does not: the one place both a run's directory name
-# (Hydra's override_dirname leaves out NAMED_KEYS and UNTRAINED_KEYS: conf/config.yaml reads
-# `${run_name_excludes:}`) and the resume check (lifecycle/claim.py: trained_config) read.
-TRAINED_KEYS = ("norm", "model", "data", "train", "depth", "seed")
-NAMED_KEYS = ("norm", "depth", "seed", "experiment", "experiment_name")  # already in the run's name
-# How often a run is observed and saved, where its files go, how the same computation is laid out over
-# processes and forwards, and how the machine is checked. A section stands for every key inside it.
-UNTRAINED_KEYS = ("device", "threads", "resume", "memory_check", "logger", "metrics", "paths",
-                  "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_checkpoint",
-                  "train.parallel", "train.micro_batch_size", "train.compile", "train.peak_tflops")
+def absent_means(schema: type) -> dict:
+    """{key: what its absence means} of a schema's fields that say (`absent=`), nested as the config is."""
+    out: dict = {}
+    for key, rule in rules(schema):
+        if "absent" in rule:
+            *sections, name = key.split(".")
+            node = out
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[name] = rule["absent"]
+    return out
+
+
+ABSENT_MEANS = absent_means(Config)
 
 
 def run_name_excludes() -> list[str]:
@@ -221,7 +315,7 @@ def run_name_excludes() -> list[str]:
 
 @functools.cache
 def _run_name_excludes() -> tuple[str, ...]:
-    out = list(NAMED_KEYS)
+    out = list(NAMED_KEYS)  # rundir.py: what run_name spells out
     for key in UNTRAINED_KEYS:
         out.append(key)
         section = next((f for f in fields(Config) if f.name == key), None)
@@ -235,29 +329,11 @@ def _run_name_excludes() -> tuple[str, ...]:
 if not OmegaConf.has_resolver("run_name_excludes"):
     OmegaConf.register_new_resolver("run_name_excludes", run_name_excludes)
 
-CHOICES = {
-    "model.positions": ("sinusoidal", "learned"),
-    "model.ffn": ("gelu", "swiglu"),
-    "model.qk_norm": ("none", "layernorm", "rmsnorm"),
-    "train.schedule": ("inverse_sqrt", "cosine", "constant"),
-    "train.precision": ("auto", "fp32", "bf16", "fp16"),
-    "train.parallel": ("auto", "none", "ddp", "fsdp"),
-    "logger.backend": ("wandb", "none"),
-    "logger.mode": ("offline", "online", "disabled"),
-}
-POSITIVE_INTS = ("depth", "model.d_model", "model.n_heads", "model.d_ff", "model.max_seq_len",
-                 "model.vocab_size", "train.steps", "train.batch_size", "train.seq_len", "train.log_every",
-                 "train.eval_every", "train.divergence.spike_patience", "train.loss_scale_window")
-POSITIVE_FLOATS = ("train.lr", "model.norm_eps", "train.adam_eps", "train.divergence.spike_factor",
-                   "train.loss_scale_init", "train.min_loss_scale")
-NON_NEGATIVE = ("train.warmup_steps", "train.weight_decay", "train.ckpt_every", "train.z_loss")
-
-
-def _get(cfg: DictConfig, key: str) -> Any:
+def _get(cfg: DictConfig, key: str, prefix: str = "") -> Any:
     try:
         return OmegaConf.select(cfg, key, throw_on_missing=True)
     except OmegaConfBaseException as e:
-        raise ConfigError(key, "???", f"must be set ({e.__class__.__name__})") from None
+        raise ConfigError(prefix + key, "???", f"must be set ({e.__class__.__name__})") from None
 
 
 def _raw(cfg: DictConfig, key: str) -> Any:
@@ -282,26 +358,10 @@ def check_resolves(cfg: DictConfig) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError for the first value that would make the run fail or mean nothing."""
+    """Raise ConfigError for the first value that would make the run fail or mean nothing: each field's rule
+    (`setting`), then what involves several keys."""
     check_resolves(cfg)
-    for key, choices in CHOICES.items():
-        require_choice(key, _get(cfg, key), choices)
-    for key in POSITIVE_INTS:
-        if _get(cfg, key) <= 0:
-            raise ConfigError(key, _get(cfg, key), "must be a positive integer")
-    for key in POSITIVE_FLOATS:
-        value = _get(cfg, key)
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(key, value, "must be a positive finite number")
-    for key in NON_NEGATIVE:
-        if not (math.isfinite(_get(cfg, key)) and _get(cfg, key) >= 0):
-            raise ConfigError(key, _get(cfg, key), "must be a finite number >= 0")
-    for key in ("model.encoder_depth", "model.decoder_depth"):
-        if _get(cfg, key) is not None and _get(cfg, key) <= 0:
-            raise ConfigError(key, _get(cfg, key), "must be a positive integer, or null for depth")
-    for key in ("model.dropout", "model.attention_dropout", "model.activation_dropout"):
-        if not 0 <= _get(cfg, key) < 1:
-            raise ConfigError(key, _get(cfg, key), "must be in [0, 1)")
+    check_rules(Config, cfg)
     if cfg.model.d_model % cfg.model.n_heads:
         raise ConfigError("model.n_heads", cfg.model.n_heads,
                           f"must divide model.d_model={cfg.model.d_model}")
@@ -315,14 +375,6 @@ def validate(cfg: DictConfig) -> None:
     if micro is not None and (micro <= 0 or cfg.train.batch_size % micro):
         raise ConfigError("train.micro_batch_size", micro,
                           f"must be a positive divisor of train.batch_size={cfg.train.batch_size}, or null")
-    for key in ("model.attn_softcap", "model.logit_softcap"):
-        value = _get(cfg, key)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ConfigError(key, value, "must be a positive finite number, or null for no capping")
-    if cfg.train.grad_clip is not None and cfg.train.grad_clip <= 0:
-        raise ConfigError("train.grad_clip", cfg.train.grad_clip, "must be > 0, or null for no clipping")
-    if cfg.threads is not None and cfg.threads <= 0:
-        raise ConfigError("threads", cfg.threads, "must be a positive integer, or null for torch's default")
     check_seed("seed", cfg.seed)
     check_experiment_name(str(cfg.experiment_name))
     device = cfg.device
@@ -366,7 +418,9 @@ def parse_section(schema: type[S], node: Any, prefix: str) -> S:
         if OmegaConf.is_config(node):  # resolve against the whole config before detaching the section
             node = OmegaConf.to_container(node, resolve=True)
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        return OmegaConf.to_object(merged)  # runs the dataclass's __post_init__ checks
+        section = OmegaConf.to_object(merged)  # runs the dataclass's __post_init__ checks
+        check_rules(schema, section)
+        return section
     except ConfigError as e:
         raise ConfigError(f"{prefix}.{e.key}", e.value, e.allowed) from None
     except OmegaConfBaseException as e:

@@ -1,5 +1,5 @@
 """An exclusive `flock` on a file, for the writers that must not overlap: a run and its directory
-(lifecycle/runlock.py), a dataset cache entry and a tokenizer being built (data/). The kernel drops the
+(rundir.py), a dataset cache entry and a tokenizer being built (data/). The kernel drops the
 lock when its holder dies, even by SIGKILL, so a crashed holder never blocks the next one. (flock is
 reliable on local disks and most cluster file systems; not on NFS without lock support.)"""
 

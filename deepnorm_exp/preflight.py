@@ -62,7 +62,7 @@ class Job:
 
     @property
     def run_dir(self) -> Path:
-        from .lifecycle.rundir import run_dir, run_name
+        from .rundir import run_dir, run_name
 
         return run_dir(self.cfg, run_name(self.cfg, self.override_dirname))
 
@@ -284,12 +284,12 @@ def check_records(jobs: Sequence[Job], concurrent: int = 1) -> str:
     """The disk the runs' records will take against the free space where they go (ConfigError naming the
     keys to change when it is short), and the line the pre-flight prints. A run that already finished
     (resume=true) writes nothing more."""
-    from .lifecycle.summary import has_ended, read_summary
+    from .lifecycle.summary import has_finished
     from .train import disk
     from .train.memory import GIB, describe_data
 
     writing = [job for job in jobs if not (job.fixed and job.cfg.resume
-                                           and has_ended(read_summary(job.run_dir / "summary.json")))]
+                                           and has_finished(job.run_dir))]
     planned = disk.plan([(job.cfg, job.disk) for job in writing if job.disk is not None], concurrent)
     said = "; ".join(p.describe() for p in planned) or "every run already finished: no records to write"
     estimates = [job.memory for job in writing if job.memory is not None]

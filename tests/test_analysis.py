@@ -18,6 +18,7 @@ from deepnorm_exp.analysis.claims import CLAIMS
 from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_records, load_scalars,
                                    plots)
 from deepnorm_exp.analysis.report import write_report
+from deepnorm_exp.rundir import StudyDir
 from deepnorm_exp.analysis.results import generated_blocks
 
 from conftest import REPO, TINY, run_cli
@@ -204,7 +205,7 @@ def test_a_study_restored_from_its_published_records_packs_the_same_and_its_swee
     def delete_raw_runs():
         for run_dir in deepnorm_exp.load_runs(study)["run_dir"]:
             shutil.rmtree(run_dir)
-        (study / published.SWEEP_LOG).unlink()
+        (study / StudyDir.SWEEP_LOG).unlink()
 
     delete_raw_runs()
     assert published.restore(study) == (13, 0)
@@ -218,7 +219,7 @@ def test_a_study_restored_from_its_published_records_packs_the_same_and_its_swee
     published.pack(study)
     delete_raw_runs()
     assert published.restore(study) == (12, 1)
-    assert not (study / victim).exists() and (study / published.SWEEP_LOG).is_file()
+    assert not (study / victim).exists() and (study / StudyDir.SWEEP_LOG).is_file()
     with pytest.raises(published.PublishError, match="hold 13 runs and only 12"):
         published.pack(study)  # until the sweep has trained it again
 

@@ -10,7 +10,7 @@ from deepnorm_exp.preflight import preflight
 from deepnorm_exp.config import CONF_DIR
 from deepnorm_exp.data import SOURCES
 from deepnorm_exp.errors import ConfigError
-from deepnorm_exp.lifecycle.rundir import run_name
+from deepnorm_exp.rundir import run_name
 from deepnorm_exp.schemes import SCHEMES
 
 

@@ -17,6 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from deepnorm_exp.errors import RecordError
+from deepnorm_exp.rundir import RunDir
 from deepnorm_exp.runtime import Runtime
 from deepnorm_exp.train import checkpoint, sharded
 
@@ -75,7 +76,7 @@ def model_and_optimizer(seed: int = 0):
 def saved(tmp_path):
     """A sharded checkpoint as one process writes it (DCP without a process group), and its model."""
     model, optimizer = model_and_optimizer()
-    directory = tmp_path / sharded.SHARDED
+    directory = tmp_path / RunDir.SHARDED
     with pytest.warns(UserWarning):  # DCP's "assuming the intent is to save in a single process"
         sharded.save(directory, model, optimizer, {"step": 1, "rng": checkpoint.rng_state()},
                      Runtime(torch.device("cpu")), checkpoint.save)
@@ -121,7 +122,7 @@ def test_a_crafted_value_inside_a_shard_is_refused_and_its_code_never_runs(tmp_p
     model, optimizer = model_and_optimizer()
     model_state, optimizer_state = get_state_dict(model, optimizer)
     optimizer_state["param_groups"][0]["lr"] = Planted(marker)  # a non-tensor value: DCP torch.saves it
-    directory = tmp_path / sharded.SHARDED
+    directory = tmp_path / RunDir.SHARDED
     with pytest.warns(UserWarning):
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(directory))
     assert not marker.exists()
@@ -219,7 +220,7 @@ def test_a_run_directory_outside_paths_runs_is_refused_by_the_function_that_deri
     from omegaconf import OmegaConf
 
     from deepnorm_exp.errors import ConfigError
-    from deepnorm_exp.lifecycle.rundir import run_dir
+    from deepnorm_exp.rundir import run_dir
 
     for name in ("../escape", "/abs", "..", "a/../.."):  # what validation refuses first, here straight to it
         cfg = OmegaConf.create({"paths": {"runs": str(tmp_path / "runs")}, "experiment_name": name})
@@ -294,7 +295,6 @@ def test_a_report_over_a_run_with_an_unreadable_config_and_runs_in_progress(tmp_
     from deepnorm_exp.analysis import load_runs
     from deepnorm_exp.analysis.report import build_report
     from deepnorm_exp.lifecycle.run import run_experiment
-    from deepnorm_exp.lifecycle.runlock import RunLock
 
     from test_faults import config
 
@@ -311,7 +311,7 @@ def test_a_report_over_a_run_with_an_unreadable_config_and_runs_in_progress(tmp_
     earlier = json.loads((done / "summary.json").read_text())
     (resumed / "summary.json").write_text(json.dumps({**earlier, "status": "interrupted", "run_name": resumed.name,
                                                       "run_dir": str(resumed)}))
-    locks = [RunLock(fresh), RunLock(resumed)]
+    locks = [RunDir(fresh).lock(), RunDir(resumed).lock()]
     assert all(lock.acquire() for lock in locks)
     try:
         runs = load_runs(tmp_path / "default").set_index("run_dir")
@@ -452,16 +452,15 @@ def test_each_preflight_checks_its_own_jobs_and_a_single_run_trains_in_this_proc
 def test_a_run_waits_out_a_readers_probe_of_its_lock_but_not_a_run(tmp_path):
     import threading
 
-    from deepnorm_exp.lifecycle.runlock import RunLock
 
-    holder = RunLock(tmp_path)
+    holder = RunDir(tmp_path).lock()
     assert holder.acquire()
     threading.Timer(0.2, holder.release).start()
-    waiting = RunLock(tmp_path)
+    waiting = RunDir(tmp_path).lock()
     assert waiting.acquire(patience=2.0)  # released within its patience
     waiting.release()
     assert holder.acquire()
     try:
-        assert not RunLock(tmp_path).acquire(patience=0.2)
+        assert not RunDir(tmp_path).lock().acquire(patience=0.2)
     finally:
         holder.release()

@@ -199,7 +199,7 @@ def test_the_multi_gpu_slurm_preset_is_checked_on_its_nodes_not_here(tmp_path):
 
 
 def test_a_key_that_does_not_change_training_neither_renames_the_run_nor_stops_its_resume():
-    """One list (config.UNTRAINED_KEYS) decides both: Hydra's override_dirname leaves each key out of the
+    """One fact per key (its field's `trained`, gathered in config.UNTRAINED_KEYS) decides both: Hydra's override_dirname leaves each key out of the
     run's name, and the resume check ignores a change to it (train.peak_tflops once renamed the run
     directory while the resume check ignored it)."""
     from hydra.types import RunMode

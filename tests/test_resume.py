@@ -10,7 +10,7 @@ import torch
 import deepnorm_exp
 from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.lifecycle.run import run_experiment
-from deepnorm_exp.lifecycle.runlock import RunLock
+from deepnorm_exp.rundir import RunDir
 from deepnorm_exp.train.batches import RandomBatches
 
 from conftest import TINY, TINY_MODEL, PausedRun, run_cli, write_text
@@ -30,7 +30,7 @@ def test_random_batches_resume_mid_epoch_with_the_same_batches():
 
 
 def test_run_lock_is_exclusive_and_released(tmp_path):
-    first, second = RunLock(tmp_path), RunLock(tmp_path)
+    first, second = RunDir(tmp_path).lock(), RunDir(tmp_path).lock()
     assert first.acquire() and not second.acquire()
     first.release()
     assert second.acquire()

@@ -98,3 +98,34 @@ def test_model_source_never_names_a_scheme():
 
 def test_registry_lists_the_shipped_schemes():
     assert {"post", "pre", "deepnorm"} <= set(SCHEMES.names())
+
+
+def test_a_field_a_scheme_config_redeclares_keeps_its_rule():
+    """A dataclass field redeclared in a subclass (dsinit's `base = "post"`) replaces the parent's field and
+    its metadata: a plain default there would drop the rule (`choices`) without a word."""
+    import dataclasses
+
+    for name in SCHEMES.names():
+        config = SCHEMES.get(name).Config
+        own = {f.name: f.metadata for f in dataclasses.fields(config)}
+        for parent in config.__mro__[1:]:
+            if dataclasses.is_dataclass(parent):
+                for inherited in dataclasses.fields(parent):
+                    for rule in ("choices", "check", "null"):
+                        if rule in inherited.metadata:
+                            assert own[inherited.name].get(rule) == inherited.metadata[rule], (name, inherited.name)
+
+
+@pytest.mark.parametrize("key", ["layer", "base", "init", "rule", "constants", "omega_param"])
+def test_a_scheme_key_outside_its_choices_is_one_line_naming_them(key):
+    """Each scheme with `key` refuses a value outside its rule's choices, naming the full key and the choices."""
+    import dataclasses
+
+    from deepnorm_exp.errors import ConfigError
+
+    having = [name for name in SCHEMES.names()
+              if key in {f.name for f in dataclasses.fields(SCHEMES.get(name).Config)}]
+    assert having
+    for name in having:
+        with pytest.raises(ConfigError, match=rf"norm\.{key}=bogus is invalid: choose one of"):
+            deepnorm_exp.compose([f"norm={name}", f"norm.{key}=bogus"])

@@ -12,6 +12,7 @@ from deepnorm_exp.config import TrainConfig
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.train.callbacks import DivergenceDetector
 from deepnorm_exp.train.optim import build_scheduler
+from deepnorm_exp.rundir import RunDir
 from deepnorm_exp.train.trainer import Callback, StepOutput
 
 from conftest import TINY
@@ -132,7 +133,7 @@ def test_checkpoint_random_states_come_back_on_the_cpu(tmp_path):
     cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "train.ckpt_every=3",
                                 "train.keep_checkpoint=true"])
     run_experiment(cfg, progress=False)
-    (path,) = tmp_path.glob(f"*/*/{checkpoint.CHECKPOINT}")
+    (path,) = tmp_path.glob(f"*/*/{RunDir.CHECKPOINT}")
     state = checkpoint.load(path)
     tensors = [state["rng"]["torch"], *state["rng"]["cuda"], state["batches"]["epoch_start_state"]]
     assert all(t.device.type == "cpu" and t.dtype == torch.uint8 for t in tensors)
@@ -151,7 +152,7 @@ def test_the_model_updates_reference_comes_back_beside_the_model(tmp_path):
     cfg = deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", "logger=none", "train.ckpt_every=3",
                                 "train.keep_checkpoint=true"])
     run_experiment(cfg, progress=False)
-    (path,) = tmp_path.glob(f"*/*/{checkpoint.CHECKPOINT}")
+    (path,) = tmp_path.glob(f"*/*/{RunDir.CHECKPOINT}")
     saved = checkpoint.load(path)["callbacks"][ModelUpdate.__name__]
     assert saved["initial"].device.type == "cpu"
 
@@ -227,7 +228,7 @@ def test_training_flushes_subnormal_floats_to_zero_on_the_cpu_unless_told_not_to
 
 
 def test_a_run_stored_before_flush_denormal_existed_is_not_taken_as_one_trained_with_it(tmp_path):
-    """The stored config lacks the key: those runs computed with subnormals (config.ABSENT_MEANS), so a
+    """The stored config lacks the key: those runs computed with subnormals (the field's `absent`: config.ABSENT_MEANS), so a
     finished one is another config's run, not this one's result."""
     from omegaconf import OmegaConf
 
@@ -254,7 +255,7 @@ def test_a_run_stored_before_flush_denormal_existed_is_not_taken_as_one_trained_
     ("dsinit", "rule", None, False)])
 def test_a_run_stored_before_its_schemes_key_existed_compares_as_what_it_trained(tmp_path, norm, key, absent_means,
                                                                                  current):
-    """A scheme's Config says what a key's absence means where that is a value of the key (ABSENT_MEANS); a key
+    """A scheme's Config says what a key's absence means where that is a value of the key (its field's `absent`); a key
     whose introduction changed training has none, and the stored run is another config's."""
     from omegaconf import OmegaConf
 

@@ -33,20 +33,17 @@ from omegaconf import OmegaConf
 from .. import records
 from . import published_schema as schema
 from ..errors import HarnessError, first_line
-from ..sweeps.hydra_callbacks import SWEEP_LOG
 from ..lifecycle.summary import FINAL, write_summary
 from ..sinks.layers import LayerFileSink
 from ..lifecycle.diagnosis import diagnosed_or_none
 from .runs import (RUN_KEYS, load_events, load_layer_records, load_scalars, needs_diagnosis, run_dirs, run_records,
                    run_row)
-from ..lifecycle.runlock import held_elsewhere
 from ..locks import FileLock
+from ..rundir import RunDir, StudyDir
 
-PUBLISHED = "published"  # runs/<study>/published/
 MANIFEST = "manifest.json"
 LOCK = ".published.lock"  # beside published/: held while a pack or a restore writes
 TABLES = ("runs", "scalars", "layers", "events")  # <name>.parquet
-SWEEP_FILES = (SWEEP_LOG, "multirun.yaml", "frontier.json")  # copied as they are, where the sweep wrote them
 FORMAT = 1
 
 
@@ -57,7 +54,7 @@ class PublishError(HarnessError):
 
 
 def published_dir(study_dir: Path) -> Path:
-    return Path(study_dir) / PUBLISHED
+    return Path(study_dir) / StudyDir.PUBLISHED
 
 
 @dataclass
@@ -78,17 +75,18 @@ class Published:
         return schema.first_problem([
             *[(f"{name}.parquet", lambda name=name: schema.table_size_problem(self.directory / f"{name}.parquet"))
               for name in tables],
-            (SWEEP_LOG, lambda: schema.sweep_log_problem(self.sweep_log())),
+            (StudyDir.SWEEP_LOG, lambda: schema.sweep_log_problem(self.sweep_log())),
             (MANIFEST, self._manifest_problem),
             ("runs.parquet", lambda: schema.runs_problem(self.table("runs"))),
             *[(f"{name}.parquet", lambda name=name: schema.steps_problem(self.table(name), run_names()))
               for name in tables if name != "runs"],
-            ("frontier.json", lambda: self._file_problem("frontier.json", records.read_json, schema.frontier_problem)),
-            ("multirun.yaml", lambda: self._file_problem("multirun.yaml", records.read_yaml, lambda _: None)),
+            (StudyDir.FRONTIER,
+             lambda: self._file_problem(StudyDir.FRONTIER, records.read_json, schema.frontier_problem)),
+            (StudyDir.MULTIRUN, lambda: self._file_problem(StudyDir.MULTIRUN, records.read_yaml, lambda _: None)),
         ])
 
     def sweep_log(self) -> list[dict]:
-        return records.read_jsonl(self.directory / SWEEP_LOG)
+        return records.read_jsonl(self.directory / StudyDir.SWEEP_LOG)
 
     def _manifest_problem(self) -> Optional[str]:
         if self.manifest.get("format") != FORMAT:
@@ -198,11 +196,11 @@ def pack(study_dir: Path, allow_fewer: bool = False, stated_commit: Optional[str
 
 
 def _pack(study_dir: Path, allow_fewer: bool, stated_commit: Optional[str]) -> Optional[Path]:
-    raw = [(d, r) for d in run_dirs(study_dir) if PUBLISHED not in d.relative_to(study_dir).parts
+    raw = [(d, r) for d in run_dirs(study_dir) if StudyDir.PUBLISHED not in d.relative_to(study_dir).parts
            and (r := run_records(d)) is not None]
     if not raw:
         return None
-    training = [d.name for d, _ in raw if held_elsewhere(d)]
+    training = [d.name for d, _ in raw if RunDir(d).held_elsewhere()]
     if training:
         raise PublishError(f"{study_dir}: {len(training)} run(s) are being trained now ({training[0]}, ...); "
                            "pack when the sweep has ended or been stopped")
@@ -222,10 +220,10 @@ def _pack(study_dir: Path, allow_fewer: bool, stated_commit: Optional[str]) -> O
         "scalars": load_scalars(runs), "layers": load_layer_records(runs), "events": load_events(runs),
     }
     directory = published_dir(study_dir)
-    staging = Path(tempfile.mkdtemp(prefix=f".{PUBLISHED}.tmp.", dir=study_dir))  # its own: packs may overlap
+    staging = Path(tempfile.mkdtemp(prefix=f".{StudyDir.PUBLISHED}.tmp.", dir=study_dir))  # its own: packs may overlap
     try:
         _write_published(staging, study_dir, raw, tables, stated_commit)
-        old_dir = Path(tempfile.mkdtemp(prefix=f".{PUBLISHED}.old.", dir=study_dir))
+        old_dir = Path(tempfile.mkdtemp(prefix=f".{StudyDir.PUBLISHED}.old.", dir=study_dir))
         if directory.exists():
             directory.replace(old_dir)  # onto the empty directory mkdtemp made
         staging.rename(directory)
@@ -239,10 +237,10 @@ def _write_published(staging: Path, study_dir: Path, raw: list, tables: dict, st
     for name, frame in tables.items():
         if len(frame):
             frame.to_parquet(staging / f"{name}.parquet", index=False, compression="zstd")
-    for name in SWEEP_FILES:
+    for name in StudyDir.SWEEP_FILES:
         if (study_dir / name).is_file():
             shutil.copyfile(study_dir / name, staging / name)
-    starts = start_lines(records.read_jsonl(study_dir / SWEEP_LOG))
+    starts = start_lines(records.read_jsonl(study_dir / StudyDir.SWEEP_LOG))
     records.write_json(staging / MANIFEST, {
         "format": FORMAT, "study": study_dir.name, "runs": len(raw),
         "commands": commands(starts),
@@ -287,10 +285,10 @@ def _restore(study_dir: Path) -> tuple[int, int]:
     packed = load(study_dir)
     if packed is None:
         raise PublishError(f"{study_dir}: no published records to restore ({published_dir(study_dir)} is missing)")
-    for name in SWEEP_FILES:
+    for name in StudyDir.SWEEP_FILES:
         if (packed.directory / name).is_file() and not (study_dir / name).exists():
             shutil.copyfile(packed.directory / name, study_dir / name)
-        elif name == SWEEP_LOG and (packed.directory / name).is_file():
+        elif name == StudyDir.SWEEP_LOG and (packed.directory / name).is_file():
             _merge_sweep_logs(packed.directory / name, study_dir / name)
     per_run = {name: dict(tuple(packed.table(name).groupby("run_name", sort=False)))
                if "run_name" in packed.table(name) else {} for name in ("scalars", "events", "layers")}
@@ -308,19 +306,20 @@ def _restore(study_dir: Path) -> tuple[int, int]:
         if run_dir.exists():
             continue
         run_dir.mkdir(parents=True)
-        records.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(records.loads(row.config))))
-        for name, file in (("scalars", "metrics.jsonl"), ("events", "events.jsonl")):
+        files = RunDir(run_dir)
+        records.write_text(files.config, OmegaConf.to_yaml(OmegaConf.create(records.loads(row.config))))
+        for name, file in (("scalars", files.metrics), ("events", files.events)):
             if row.run_name in per_run[name]:
                 frame = per_run[name][row.run_name]
                 lines = frame[_own_columns(frame, empty_everywhere[name])].to_dict("records")
-                records.write_text(run_dir / file, "".join(records.dumps(line) + "\n" for line in lines))
+                records.write_text(file, "".join(records.dumps(line) + "\n" for line in lines))
         layers = per_run["layers"].get(row.run_name)
         if layers is not None:
-            sink = LayerFileSink(run_dir / "layers")
+            sink = LayerFileSink(files.layers)
             for step, table in layers.groupby("step", sort=True):  # one file a step, as the run wrote them
                 own = [c for c in _own_columns(table, empty_everywhere["layers"]) if c != "step"]
                 sink.log_layers(int(step), {key: table[key].to_numpy() for key in own})
-        write_summary(run_dir / "summary.json", summary)  # last: a run directory with a summary is whole
+        write_summary(files.summary, summary)  # last: a run directory with a summary is whole
         restored += 1
     return restored, left
 

@@ -22,6 +22,7 @@ import pandas as pd
 
 from .. import records
 from ..locks import FileLock
+from ..rundir import StudyDir
 from . import budget, comparison_table, early_window, final_quality, lr_study, mitigations, plots, published, steps_to_train
 from .runs import config_by_run, config_column
 from .tables import diagnosis_table, shared_value
@@ -162,7 +163,7 @@ class Page:
 def sweeper_setting(study: Path, key: str, default):
     """A setting of the sweeper that ran `study`, from the multirun.yaml Hydra leaves in the sweep directory
     (read as plain YAML: a record is never interpolated)."""
-    path = study / "multirun.yaml"
+    path = study / StudyDir.MULTIRUN
     if not path.exists():
         return default
     node = records.read_yaml(path)
@@ -177,7 +178,8 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
             runs = evidence.at_one_lr(name)  # a preset's runs share one; a stray probe at another is not averaged in
             page.add(single_rate_label(runs))
             page.add("Eval loss, mean ± std over the seeds that completed; (k/n diverged), (k/n untrained: "
-                     "completed without learning 10% of the gap from the unigram to the optimal loss), (k/n failed "
+                     f"completed without learning {TRAINED_FRACTION:.0%} of the gap from the unigram to the optimal "
+                     "loss), (k/n failed "
                      "or unfinished: stopped, running or crashed, left out).",
                      markdown_table(comparison_table(runs, untrained=True)))
             page.figure(f"{name}_depth_stability", plots.depth_stability(runs),
@@ -293,7 +295,7 @@ def _sections(evidence: Evidence) -> dict[str, Callable[[Page], None]]:
     def one_seed_table(name: str) -> Callable[[Page], None]:
         def write(page: Page) -> None:
             page.add(single_rate_label(evidence.runs(name)),
-                     "Eval loss; (1/1 untrained): completed without learning 10% of the gap.",
+                     f"Eval loss; (1/1 untrained): completed without learning {TRAINED_FRACTION:.0%} of the gap.",
                      markdown_table(comparison_table(evidence.runs(name), untrained=True)))
             diagnoses(page, evidence.runs(name))
         return write
@@ -321,7 +323,7 @@ def lr_sections(page: Page, runs: pd.DataFrame, name: str) -> None:
     page.add("Each scheme at its own best rate per depth: the mean ± std over the seeds of the final eval loss "
              "(capped at the loss at initialisation; a diverged seed counts as that), and the rate; "
              "`edge`: the best rate is an end of the grid, so the optimum may lie beyond it; `untrained`: seeds "
-             "that learned nothing (under 10% of the unigram-to-optimal gap) even at the best rate.",
+             f"that learned nothing (under {TRAINED_FRACTION:.0%} of the unigram-to-optimal gap) even at the best rate.",
              markdown_table(by_depth(lr_study.best_rate_table(summary))))
     page.add("LR sensitivity (the mean over the grid of the capped loss minus the best; 0: every rate is as "
              "good as the best, which is also what a scheme that learns at no rate reads: see the table above) "
@@ -644,8 +646,8 @@ def loss_table_block(evidence: Evidence, root: Path, name: str) -> str:
     time = preset_time(evidence.study_dir(name), runs).describe()
     return (f"**Measured** (`python -m deepnorm_exp -m experiment={name}`, {seeds} seed{'s' * (seeds > 1)}; {time}): "
             f"eval loss after {steps} steps (unigram {shared_value(runs, 'unigram_loss')} = learned nothing; "
-            f"optimal {shared_value(runs, 'optimal_loss')}); `(k/n untrained)`: completed without learning 10% of "
-            "the gap (`trained: false`).\n\n" + markdown_table(comparison_table(runs, untrained=True)))
+            f"optimal {shared_value(runs, 'optimal_loss')}); `(k/n untrained)`: completed without learning "
+            f"{TRAINED_FRACTION:.0%} of the gap (`trained: false`).\n\n" + markdown_table(comparison_table(runs, untrained=True)))
 
 
 def update_blocks(path: Path, blocks: dict[str, str], tag: str = "results") -> list[str]:

@@ -17,24 +17,21 @@ import pandas as pd
 
 from .. import records
 from ..errors import first_line
-from ..lifecycle.runlock import held_elsewhere
 from ..lifecycle.schema import REQUIRED, config_problem
 from ..lifecycle.diagnosis import diagnose_run_dir
-from ..lifecycle.summary import FINAL, has_ended, read_summary
+from ..lifecycle.summary import FINAL, has_ended, summary_of
+from ..rundir import RunDir, StudyDir
 
 log = logging.getLogger("deepnorm_exp")
 
 RUN_KEYS = ("experiment", "run_name", "norm", "depth", "seed")  # carried onto every per-step or per-layer row
 
 
-RECORD_MARKERS = ("summary.json", "config.yaml")  # a run directory holds one of these
-
-
 def run_dirs(root: str | Path) -> list[Path]:
     root = Path(root)
-    if any((root / marker).is_file() for marker in RECORD_MARKERS):
+    if RunDir(root).is_run():
         return [root]
-    found = sorted({p.parent for marker in RECORD_MARKERS for p in root.rglob(marker)})
+    found = sorted({p.parent for marker in RunDir.MARKERS for p in root.rglob(marker)})
     return [d for d in found if not any(part.startswith(".") for part in d.relative_to(root).parts)]
 
 
@@ -55,7 +52,7 @@ def load_runs(root: str | Path) -> pd.DataFrame:
         if records_ is None:
             continue
         summary, config = records_
-        running = held_elsewhere(run_dir)
+        running = RunDir(run_dir).held_elsewhere()
         if needs_diagnosis(summary) and not running:
             summary = {**summary, "diagnosis": diagnose_run_dir(run_dir, summary)}
         row = run_row(summary, config, run_dir)
@@ -74,15 +71,15 @@ def needs_diagnosis(summary: dict) -> bool:
 def run_records(run_dir: Path) -> Optional[tuple[dict, dict]]:
     """(summary, config) of a run directory ({} for one it lacks), or None where neither is readable or a
     field the analysis reads has the wrong type (lifecycle/schema.py; the warning names the file and field)."""
-    has_summary = (run_dir / "summary.json").is_file()
-    summary = read_summary(run_dir / "summary.json", REQUIRED) if has_summary else {}
+    files = RunDir(run_dir)
+    summary = summary_of(run_dir, REQUIRED) if files.summary.is_file() else {}
     if summary is None:
         return None  # damaged: read_summary named it
-    config = _config(run_dir / "config.yaml")
+    config = _config(files.config)
     if not summary and not config:
         return None  # neither record readable: nothing to list it by (the warning named the file)
     if why := config_problem(config):
-        log.warning("%s is damaged and its run was left out (%s)", run_dir / "config.yaml", why)
+        log.warning("%s is damaged and its run was left out (%s)", files.config, why)
         return None
     return summary, config
 
@@ -143,12 +140,12 @@ def read_jsonl(path: Path) -> pd.DataFrame:
 
 def load_scalars(runs: pd.DataFrame) -> pd.DataFrame:
     """Every run's `metrics.jsonl`, one row per logged step, with the run's keys (RUN_KEYS) as columns."""
-    return _per_run(runs, lambda d: read_jsonl(d / "metrics.jsonl"))
+    return _per_run(runs, lambda d: read_jsonl(RunDir(d).metrics))
 
 
 def load_events(runs: pd.DataFrame) -> pd.DataFrame:
     """Every run's `events.jsonl` (divergence events), with the run's keys."""
-    return _per_run(runs, lambda d: read_jsonl(d / "events.jsonl"))
+    return _per_run(runs, lambda d: read_jsonl(RunDir(d).events))
 
 
 def load_layer_records(runs: pd.DataFrame) -> pd.DataFrame:
@@ -161,7 +158,7 @@ def load_layer_records(runs: pd.DataFrame) -> pd.DataFrame:
 def load_frontier(root: str | Path) -> pd.DataFrame:
     """The cells of every `frontier.json` under `root` (hydra/sweeper=frontier), one row per cell."""
     rows = []
-    for path in sorted(Path(root).rglob("frontier.json")):
+    for path in sorted(Path(root).rglob(StudyDir.FRONTIER)):
         if "published" in path.relative_to(root).parts[:-1]:
             continue  # a copy packed for publication (analysis/published.py), not another sweep
         report = records.read_json(path)

@@ -18,7 +18,7 @@ import pandas as pd
 
 from .. import records
 from .escape import md_code, md_text
-from ..sweeps.hydra_callbacks import SWEEP_LOG
+from ..rundir import StudyDir
 from ..lifecycle.summary import FINAL
 
 
@@ -84,7 +84,7 @@ def sweep_finished(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
     have no summary yet)."""
     if runs.empty or not runs["status"].isin(FINAL_OR_FAILED).all():
         return False
-    log = [line for line in records.read_jsonl(Path(experiment_dir) / SWEEP_LOG) if "event" in line]
+    log = [line for line in records.read_jsonl(Path(experiment_dir) / StudyDir.SWEEP_LOG) if "event" in line]
     starts = [line for line in log if line["event"] == "start"]
     if not starts:
         return True
@@ -97,7 +97,7 @@ def sweep_finished(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
 def preset_time(experiment_dir: str | Path, runs: pd.DataFrame) -> PresetTime:
     """`runs`: load_runs(experiment_dir) (the caller has them already)."""
     worker = float(pd.to_numeric(runs.get("wall_s", pd.Series(dtype=float)), errors="coerce").sum())
-    log = [line for line in records.read_jsonl(Path(experiment_dir) / SWEEP_LOG) if "at" in line]
+    log = [line for line in records.read_jsonl(Path(experiment_dir) / StudyDir.SWEEP_LOG) if "at" in line]
     starts = [(i, line) for i, line in enumerate(log) if line.get("event") == "start"]
     if not starts:
         return PresetTime(len(runs), worker, None, 0, 0)

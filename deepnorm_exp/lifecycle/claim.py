@@ -13,21 +13,18 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import ABSENT_MEANS, TRAINED_KEYS, UNTRAINED_KEYS, Config
+from ..config import ABSENT_MEANS, TRAINED_KEYS, UNTRAINED_KEYS, Config, absent_means
 from ..errors import ConfigError, RecordError
+from ..locks import FileLock
 from ..records import read_yaml, remove_temporaries
+from ..rundir import RunDir
 from ..schemes import SCHEMES
 from ..train import checkpoint
-from .runlock import RunLock
-from .summary import has_ended, read_summary
+from .summary import has_ended, has_finished, summary_of
 
 log = logging.getLogger("deepnorm_exp")
 
-RECORD_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "layers", "summary.json", "wandb", "checkpoint.pt",
-                "checkpoint.dcp")
-
-
-def plan_run(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
+def plan_run(cfg: DictConfig, out_dir: Path, lock: FileLock) -> tuple:
     """The main process's decision for a run directory, under its lock: ("train", resuming), ("skip",
     summary) or ("error", the exception), so that every rank can act on it."""
     try:
@@ -35,7 +32,7 @@ def plan_run(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
             log.warning("%s: another process is running it; leaving it to that one", out_dir)
             return "skip", {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
         check_claim(out_dir, cfg)
-        previous = read_summary(out_dir / "summary.json")
+        previous = summary_of(out_dir)
         if cfg.resume and has_ended(previous):
             log.info("%s: already %s, not run again (resume=false starts over)", out_dir, previous["status"])
             if not cfg.train.keep_checkpoint:  # a kill after the summary, before its checkpoint was removed
@@ -45,7 +42,7 @@ def plan_run(cfg: DictConfig, out_dir: Path, lock: RunLock) -> tuple:
             log.info("removed %s, left by an interrupted write", temporary)
         resuming = cfg.resume and checkpoint.exists(out_dir)
         if not resuming:
-            for stale in RECORD_FILES:  # starting over: nothing of an earlier attempt survives
+            for stale in RunDir.RECORDS:  # starting over: nothing of an earlier attempt survives
                 path = out_dir / stale
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         return "train", resuming
@@ -98,13 +95,13 @@ def schema_defaults() -> dict:
 
 def with_scheme_absent_means(stored: Any) -> Any:
     """`stored` with its scheme's keys added after it was written, where the scheme's Config says what their
-    absence means (`ABSENT_MEANS`: the behaviour runs had before the key existed). A key a scheme gained whose
+    absence means (a field's `absent`: the behaviour runs had before the key existed). A key a scheme gained whose
     absence matches no value (the behaviour changed with it) is left absent: such a run never compares as
     current."""
     norm = stored.get("norm") if isinstance(stored, dict) else None
     if not isinstance(norm, dict) or norm.get("name") not in SCHEMES.names():
         return stored
-    absent = getattr(SCHEMES.get(norm["name"]).Config, "ABSENT_MEANS", {})
+    absent = absent_means(SCHEMES.get(norm["name"]).Config)
     return {**stored, "norm": {**{k: v for k, v in absent.items() if k not in norm}, **norm}}
 
 
@@ -124,16 +121,16 @@ def check_claim(out_dir: Path, cfg: DictConfig) -> None:
     there is never taken as this config's unless the config it stored (config.yaml) trains the same."""
     if not cfg.resume:
         return  # the old run is replaced
-    finished = has_ended(read_summary(out_dir / "summary.json"))
+    finished = has_finished(out_dir)
     if not finished and not checkpoint.exists(out_dir):
         return  # nothing to take over: an unfinished run without a checkpoint starts over
     try:
-        stored = read_yaml(out_dir / "config.yaml")
+        stored = read_yaml(RunDir(out_dir).config)
         if not isinstance(stored, dict):
             raise ValueError("not a mapping")
     except Exception as e:  # noqa: BLE001 - missing, or whatever YAML raises on a damaged file
         if finished:
-            raise RecordError(f"{out_dir / 'config.yaml'} is missing or damaged ({type(e).__name__}), so the "
+            raise RecordError(f"{RunDir(out_dir).config} is missing or damaged ({type(e).__name__}), so the "
                               f"finished run there cannot be matched to this config; resume=false replaces it") from None
         return  # the checkpoint carries its own config, checked when it is loaded
     check_same_training(stored, cfg, out_dir)

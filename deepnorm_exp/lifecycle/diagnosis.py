@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from .. import records
+from ..rundir import RunDir
 from .summary import has_ended
 
 log = logging.getLogger("deepnorm_exp")
@@ -246,8 +247,8 @@ def diagnose_run_dir(run_dir: Path, summary: dict) -> Optional[dict]:
     """`diagnose` on the records a run directory holds (what a run calls when it ends)."""
     from ..sinks.layers import load_layers
 
-    scalars = pd.DataFrame(records.read_jsonl(run_dir / "metrics.jsonl"))
-    events = pd.DataFrame(records.read_jsonl(run_dir / "events.jsonl"))
+    scalars = pd.DataFrame(records.read_jsonl(RunDir(run_dir).metrics))
+    events = pd.DataFrame(records.read_jsonl(RunDir(run_dir).events))
     return diagnosed_or_none(run_dir, summary, scalars, events, load_layers(run_dir))
 
 

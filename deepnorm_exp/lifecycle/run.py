@@ -14,6 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 from ..build import check_config, check_runtime, make_scheme
 from ..errors import one_line
 from ..records import atomic_path, utc_now
+from ..rundir import RunDir
+from ..rundir import run_dir as make_run_dir
+from ..rundir import run_name as make_run_name
 from ..runtime import Runtime, close_runtime, init_runtime, launch_environment
 from ..train import checkpoint
 from ..train.memory import GIB
@@ -23,9 +26,6 @@ from ..train.trainer import Callback
 from .assemble import RunParts, assemble
 from .claim import check_same_training, plan_run
 from .preemption import PreemptionGuard
-from .rundir import run_dir as make_run_dir
-from .rundir import run_name as make_run_name
-from .runlock import RunLock
 from .summary import format_summary, has_ended, is_trained, learned_fraction, new_summary, write_summary
 
 log = logging.getLogger("deepnorm_exp")
@@ -55,7 +55,7 @@ def _run(cfg: DictConfig, runtime: Runtime, override_dirname: str, progress: boo
         log.setLevel(logging.WARNING)  # the main process speaks for the run
     name = make_run_name(cfg, override_dirname)
     out_dir = make_run_dir(cfg, name)
-    lock = RunLock(out_dir)
+    lock = RunDir(out_dir).lock()
     # The main process claims the run directory and decides; the other ranks of a distributed run follow.
     plan = plan_run(cfg, out_dir, lock) if runtime.is_main else None
     plan = runtime.broadcast(plan)
@@ -67,7 +67,7 @@ def _run(cfg: DictConfig, runtime: Runtime, override_dirname: str, progress: boo
     guard = PreemptionGuard()
     try:
         if runtime.is_main:
-            with atomic_path(out_dir / "config.yaml") as temporary:
+            with atomic_path(RunDir(out_dir).config) as temporary:
                 OmegaConf.save(cfg, temporary, resolve=True)
         with guard, deterministic_kernels(cfg.train.deterministic), subnormals_flushed(cfg.train.flush_denormal):
             summary = _train(cfg, runtime, name, out_dir, plan[1], progress, callbacks, guard, memory, positions)
@@ -177,9 +177,9 @@ def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: dic
         for sink in parts.sinks:
             sink.finish(summary)
         try:
-            write_summary(out_dir / "summary.json", summary)
+            write_summary(RunDir(out_dir).summary, summary)
         except OSError as e:  # a full disk: say so, and let the run's own error be the one raised
-            log.error("could not write %s: %s", out_dir / "summary.json", one_line(e))
+            log.error("could not write %s: %s", RunDir(out_dir).summary, one_line(e))
             return False
         log.info(format_summary(summary))
         return True

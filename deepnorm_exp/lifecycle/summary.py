@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..records import read_json, utc_now, write_json
+from ..rundir import RunDir
 from .schema import REQUIRED, summary_problem
 
 log = logging.getLogger("deepnorm_exp")
@@ -71,6 +72,16 @@ def read_summary(path: Path, required: tuple[str, ...] = ()) -> dict | None:
     return summary
 
 
+def summary_of(run_dir: Path, required: tuple[str, ...] = ()) -> dict | None:
+    """`read_summary` of a run directory's summary file."""
+    return read_summary(RunDir(run_dir).summary, required)
+
+
+def has_finished(run_dir: Path) -> bool:
+    """Whether the run in `run_dir` has ended (completed or diverged): its summary says so."""
+    return has_ended(summary_of(run_dir))
+
+
 def _fmt(value: Any, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -109,7 +120,7 @@ def format_summary(s: dict) -> str:
 def load_summaries(root: Path) -> tuple[list[dict], list[Path]]:
     """The readable summaries of the runs under `root`, and the summary files that could not be read."""
     summaries, damaged = [], []
-    for path in sorted(Path(root).glob("*/summary.json")):
+    for path in sorted(Path(root).glob(f"*/{RunDir.SUMMARY}")):
         summary = read_summary(path, REQUIRED)
         if summary is None:
             damaged.append(path)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import require_choice
+from ..config import setting
 from . import register
 from .base import NormedConfig
 from .post import PostNorm
@@ -42,13 +42,9 @@ from .post import PostNorm
 @dataclass
 class AdminConfig(NormedConfig):
     name: str = "admin"
-    omega: str = "profile"  # profile | closed_form
-    omega_param: str = "vector"  # vector: a trained D-dim vector (paper, Transformer-Clinic) | scalar: a fixed buffer
-
-    def __post_init__(self):
-        super().__post_init__()
-        require_choice("omega", self.omega, ("profile", "closed_form"))
-        require_choice("omega_param", self.omega_param, ("vector", "scalar"))
+    omega: str = setting("profile", choices=("profile", "closed_form"))  # profile | closed_form
+    # vector: a trained D-dim vector (paper, Transformer-Clinic) | scalar: a fixed buffer
+    omega_param: str = setting("vector", choices=("vector", "scalar"))
 
 
 class AdminResidual(nn.Module):

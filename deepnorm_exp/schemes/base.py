@@ -14,7 +14,7 @@ from typing import Iterator, Mapping, Protocol
 import torch
 from torch import nn
 
-from ..errors import require_choice
+from ..config import setting
 
 
 class Sublayer(Protocol):
@@ -41,6 +41,9 @@ class Sublayer(Protocol):
 class SchemeConfig:
     name: str = "?"
 
+    def __post_init__(self):
+        """What involves several keys (a key's own rule is its `setting`, which config.parse_section checks)."""
+
 
 NORM_LAYERS = ("layernorm", "rmsnorm")
 
@@ -49,10 +52,7 @@ NORM_LAYERS = ("layernorm", "rmsnorm")
 class NormedConfig(SchemeConfig):
     """Schemes with normalization layers choose their kind (the DeepNorm constants were derived for LayerNorm)."""
 
-    layer: str = "layernorm"  # layernorm | rmsnorm
-
-    def __post_init__(self):
-        require_choice("layer", self.layer, NORM_LAYERS)
+    layer: str = setting("layernorm", choices=NORM_LAYERS)  # layernorm | rmsnorm
 
 
 BASELINE_INITS = ("fairseq", "xavier")
@@ -63,11 +63,7 @@ QKV_GAIN = 2 ** -0.5  # fairseq's q, k, v gain (see BaselineInit)
 class BaselineConfig(NormedConfig):
     """The paper's baselines (Post-LN, Pre-LN): their structure, initialised as `init` says."""
 
-    init: str = "fairseq"  # fairseq | xavier
-
-    def __post_init__(self):
-        super().__post_init__()
-        require_choice("init", self.init, BASELINE_INITS)
+    init: str = setting("fairseq", choices=BASELINE_INITS)  # fairseq | xavier
 
 
 class NormScheme:

@@ -26,7 +26,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..errors import ConfigError, require_choice
+from ..config import setting
+from ..errors import ConfigError
 from . import register
 from .base import NormedConfig
 from .post import PostNorm
@@ -38,13 +39,13 @@ PRESETS = ("paper", "torchscale", "glm130b")
 @dataclass
 class DeepNormConfig(NormedConfig):
     name: str = "deepnorm"
-    constants: str = "paper"  # paper (Table 1, Xavier-normal draws) | torchscale (the official code's) | glm130b
+    # paper (Table 1, Xavier-normal draws) | torchscale (the official code's) | glm130b
+    constants: str = setting("paper", choices=PRESETS)
     alpha: Optional[float] = None  # a number overrides the preset's alpha for every stack
     beta: Optional[float] = None  # a number overrides the preset's beta for every stack
 
     def __post_init__(self):
         super().__post_init__()
-        require_choice("constants", self.constants, PRESETS)
         for key in ("alpha", "beta"):
             value = getattr(self, key)
             if value is not None and not (math.isfinite(value) and value > 0):

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..config import setting
 from ..errors import ConfigError
 from . import register
 from .base import Sublayer
@@ -65,8 +66,8 @@ class DeepScaleLMConfig(PostOrPreConfig):
     name: str = "deepscalelm"
     k: float = 2.0  # beta^2 = k / N, N the stack's residual adds
     token_correlation: float = 1.0  # r, the correlation of the tokens attention averages (v and out draws)
-    embedding_norm: bool = False  # base=post: a LayerNorm on the embedding before block 0, as the official code
-    ABSENT_MEANS = {"embedding_norm": False}  # a run stored before the key: what it trained (lifecycle/claim.py)
+    # base=post: a LayerNorm on the embedding before block 0, as the official code
+    embedding_norm: bool = setting(False, absent=False)
 
     def __post_init__(self):
         super().__post_init__()

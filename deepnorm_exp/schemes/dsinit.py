@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import require_choice
+from ..config import setting
 from . import register
 from .base import Sublayer
-from .post_or_pre import PostOrPre, PostOrPreConfig
+from .post_or_pre import BASES, PostOrPre, PostOrPreConfig
 
 RULES = ("paper", "official")
 
@@ -37,12 +37,9 @@ def ds_bound(fan_in: int, fan_out: int, l: int, rule: str) -> float:
 @dataclass
 class DSInitConfig(PostOrPreConfig):
     name: str = "dsinit"
-    base: str = "post"  # the paper's setting
-    rule: str = "paper"  # paper: the bound / sqrt(l) | official: the variance / sqrt(l), fused self-attention q, k, v
-
-    def __post_init__(self):
-        super().__post_init__()
-        require_choice("rule", self.rule, RULES)
+    base: str = setting("post", choices=BASES)  # the paper's setting
+    # paper: the bound / sqrt(l) | official: the variance / sqrt(l), fused self-attention q, k, v
+    rule: str = setting("paper", choices=RULES)
 
 
 @register("dsinit")

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from . import register
-from ..errors import require_choice
+from ..config import setting
 from .base import NormedConfig, Sublayer
 from .branch import PlainResidual
 from .pre import PreNorm, PreNormResidual
@@ -39,12 +39,8 @@ CUTOFF = 3.0  # OLMo's init_cutoff_factor in the authors' config
 @dataclass
 class HybridNormConfig(NormedConfig):
     pre_first: bool = False  # true: HybridNorm*, block 0 Pre-Norm in both sublayers (its q, k, v norms kept)
-    init: str = "xavier"  # xavier | megatron (the authors' recipe)
-    ABSENT_MEANS = {"init": "xavier"}  # a run stored before the key trained Xavier (lifecycle/claim.py)
-
-    def __post_init__(self):
-        super().__post_init__()
-        require_choice("init", self.init, INITS)
+    # (absent: a run stored before the key trained Xavier)
+    init: str = setting("xavier", choices=INITS, absent="xavier")  # xavier | megatron (the authors' recipe)
 
 
 class NormedStreamResidual(nn.Module):

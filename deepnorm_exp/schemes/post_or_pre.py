@@ -6,19 +6,18 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import require_choice
+from ..config import setting
 from .base import NormedConfig, NormScheme
 from .post import PostNormResidual
 from .pre import PreNormResidual
 
 
+BASES = ("post", "pre")
+
+
 @dataclass
 class PostOrPreConfig(NormedConfig):
-    base: str = "pre"  # post | pre
-
-    def __post_init__(self):
-        super().__post_init__()
-        require_choice("base", self.base, ("post", "pre"))
+    base: str = setting("pre", choices=BASES)  # post | pre
 
 
 class PostOrPre(NormScheme):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import require_choice
+from ..config import setting
 from . import register
 from .base import SchemeConfig, NormScheme
 from .branch import BranchScaledResidual
@@ -28,11 +28,8 @@ from .branch import BranchScaledResidual
 @dataclass
 class ReZeroConfig(SchemeConfig):
     name: str = "rezero"
-    alpha_per: str = "layer"  # layer (the paper's and the official code's) | sublayer
-    ABSENT_MEANS = {"alpha_per": "sublayer"}  # what a run stored before the key trained (lifecycle/claim.py)
-
-    def __post_init__(self):
-        require_choice("alpha_per", self.alpha_per, ("layer", "sublayer"))
+    # (absent: a run stored before the key trained one per sublayer)
+    alpha_per: str = setting("layer", choices=("layer", "sublayer"), absent="sublayer")  # layer (the paper's and the official code's) | sublayer
 
 
 @register("rezero")

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ..errors import require_choice
+from ..config import setting
 from . import register
 from .base import Sublayer, linear_default_bias_
 from .post_or_pre import PostOrPre, PostOrPreConfig
@@ -84,16 +84,11 @@ def reparametrize(sublayer: nn.Module, split: bool) -> None:
 @dataclass
 class SigmaReparamConfig(PostOrPreConfig):
     name: str = "sigma_reparam"
-    qkv: str = "split"  # split: q, k, v three matrices | fused: one, as the official code
-    init: str = "xavier"  # xavier | official: trunc_normal(std 0.02), torch's default biases
-    # a run stored before these keys trained split and xavier (its eval-time sigma was the stored vector's, which
-    # moves eval loss, not training; lifecycle/claim.py)
-    ABSENT_MEANS = {"qkv": "split", "init": "xavier"}
-
-    def __post_init__(self):
-        super().__post_init__()
-        require_choice("qkv", self.qkv, ("split", "fused"))
-        require_choice("init", self.init, ("xavier", "official"))
+    # (absent: a run stored before this key and `init` trained split and xavier; its eval-time sigma was the
+    # stored vector's, which moves eval loss, not training)
+    qkv: str = setting("split", choices=("split", "fused"), absent="split")  # split: q, k, v three matrices | fused: one, as the official code
+    # xavier | official: trunc_normal(std 0.02), torch's default biases
+    init: str = setting("xavier", choices=("xavier", "official"), absent="xavier")
 
 
 @register("sigma_reparam")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import require_choice
+from ..config import setting
 from . import register
 from .base import QKV_GAIN, NormScheme, SchemeConfig, Sublayer, linear_default_bias_
 from .branch import PlainResidual
@@ -37,13 +37,9 @@ from .deepnorm import BETA_ROLES
 @dataclass
 class TFixupConfig(SchemeConfig):
     name: str = "tfixup"
-    init: str = "paper"  # paper: Xavier-normal, gain 1 | official: the official code's draws
-    # a run stored before the key trained `paper` (learned positions and an untied head were scaled then: a run
-    # with either is taken as current, the one departure; lifecycle/claim.py)
-    ABSENT_MEANS = {"init": "paper"}
-
-    def __post_init__(self):
-        require_choice("init", self.init, ("paper", "official"))
+    # (absent: a run stored before the key trained `paper`; learned positions and an untied head were scaled
+    # then: a run with either is taken as current, the one departure)
+    init: str = setting("paper", choices=("paper", "official"), absent="paper")  # paper: Xavier-normal, gain 1 | official: the official code's draws
 
 
 @register("tfixup")

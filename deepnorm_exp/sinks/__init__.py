@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
+from ..rundir import RunDir
+
 log = logging.getLogger("deepnorm_exp")
 
 
@@ -94,7 +96,7 @@ def build_sinks(cfg: DictConfig, run_dir: Path, run_name: str) -> list[Sink]:
     from .jsonl import JsonlSink
     from .layers import LayerFileSink
 
-    sinks: list[Sink] = [JsonlSink(run_dir), LayerFileSink(run_dir / "layers")]  # always written
+    sinks: list[Sink] = [JsonlSink(run_dir), LayerFileSink(RunDir(run_dir).layers)]  # always written
     if cfg.logger.backend == "wandb" and cfg.logger.mode != "disabled":
         def start_wandb():
             from .wandb import WandbSink  # inside the guard: a missing or broken wandb is one warning

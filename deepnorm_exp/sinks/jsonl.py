@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from ..records import atomic_path, dumps
+from ..rundir import RunDir
 from . import Sink
 
 log = logging.getLogger("deepnorm_exp")
@@ -58,8 +59,8 @@ class JsonlSink(Sink):
     name = "jsonl"
 
     def __init__(self, run_dir: Path):
-        self.metrics = JsonlFile(run_dir / "metrics.jsonl")
-        self.events = JsonlFile(run_dir / "events.jsonl")
+        self.metrics = JsonlFile(RunDir(run_dir).metrics)
+        self.events = JsonlFile(RunDir(run_dir).events)
 
     def log(self, record: dict) -> None:
         self.metrics.append(record)

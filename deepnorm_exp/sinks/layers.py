@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..records import atomic_path, parquet_size_problem
+from ..rundir import RunDir
 from . import Sink
 
 log = logging.getLogger("deepnorm_exp")
@@ -77,7 +78,7 @@ def load_layers(run_dir: Path):
 
     # One file per step; columns differ where a step measured less (step 0 has no gradients): concat aligns.
     frames = []
-    for _, path in step_files(Path(run_dir) / "layers"):
+    for _, path in step_files(RunDir(run_dir).layers):
         if why := parquet_size_problem(path, MAX_STEP_ROWS, MAX_STEP_BYTES):
             log.warning("%s is damaged and was skipped (%s)", path, why)
             continue

@@ -18,6 +18,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from ..records import write_text
+from ..rundir import RunDir
 from . import Sink
 
 LOG_SCALE = ("grad_norm", "update_ratio", "ln_input_norm", "out_norm")  # positive, spanning decades
@@ -30,7 +31,7 @@ class WandbSink(Sink):
 
         self.wandb = wandb
         # A resumed run continues its W&B run: the id lives beside it (a fresh start deletes wandb/).
-        id_file = run_dir / "wandb" / "run_id"
+        id_file = RunDir(run_dir).wandb / "run_id"
         resuming = id_file.exists()
         self.run = wandb.init(
             id=id_file.read_text().strip() if resuming else None,  # None: W&B draws a new id

@@ -14,10 +14,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from .. import records
+from ..rundir import StudyDir
 from ..signals import SIGNALS, act_as_before
 from ..lifecycle.summary import format_table, load_summaries
 
-SWEEP_LOG = "sweeps.jsonl"
 
 
 def experiment_dir(config: DictConfig) -> Path:
@@ -92,7 +92,7 @@ class SweepLog(Callback):
 
     @staticmethod
     def _append(config: DictConfig, line: dict) -> None:
-        path = experiment_dir(config) / SWEEP_LOG
+        path = experiment_dir(config) / StudyDir.SWEEP_LOG
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as log:  # one short write: a line is whole or absent
             log.write(records.dumps({"at": records.utc_now(), **line}) + "\n")

@@ -31,14 +31,12 @@ import torch
 
 from ..errors import RecordError, first_line
 from ..records import atomic_path
+from ..rundir import RunDir
 from . import sharded
 from .damage import weights_only_refusal
 from .trainer import Callback, StepOutput, Trainer
 
 log = logging.getLogger("deepnorm_exp")
-
-CHECKPOINT = "checkpoint.pt"
-
 
 def rng_state() -> dict:
     """Every generator's state in forms the weights-only loader reads (Python's is a tuple of ints)."""
@@ -138,17 +136,17 @@ def load(path: Path) -> dict:
 
 def exists(run_dir: Path) -> bool:
     """Whether the run directory holds a checkpoint (one process's file, or a sharded one)."""
-    return (run_dir / CHECKPOINT).exists() or sharded.present(run_dir / sharded.SHARDED)
+    return RunDir(run_dir).checkpoint.exists() or sharded.present(RunDir(run_dir).sharded)
 
 
 def load_run(run_dir: Path) -> dict:
     """The run's latest checkpoint: `checkpoint.pt`, or a sharded checkpoint's trainer state (its model and
     optimizer are read by `restore`, into the model as this run lays it out). Where a kill between saving
     one kind and deleting the other left both, the later step wins."""
-    candidates = []
-    if (run_dir / CHECKPOINT).exists():
-        candidates.append(load(run_dir / CHECKPOINT))
-    directory = sharded.locate(run_dir / sharded.SHARDED)
+    candidates, files = [], RunDir(run_dir)
+    if files.checkpoint.exists():
+        candidates.append(load(files.checkpoint))
+    directory = sharded.locate(files.sharded)
     if directory is not None:
         state = load(directory / sharded.TRAINER_STATE)
         sharded.verify(directory, state.get("files"))
@@ -189,7 +187,7 @@ class Checkpointer(Callback):
     a sharded checkpoint together (train/sharded.py)."""
 
     def __init__(self, run_dir: Path, every: int, stop_requested=lambda: None, extra: dict | None = None):
-        self.run_dir, self.every, self.stop_requested = Path(run_dir), every, stop_requested
+        self.files, self.every, self.stop_requested = RunDir(run_dir), every, stop_requested
         self.extra = extra or {}  # saved alongside (the run's config, to refuse resuming a different run)
         self.saved_step: int | None = None
 
@@ -204,16 +202,16 @@ class Checkpointer(Callback):
 
     def save(self, trainer: Trainer) -> None:
         if not trainer.runtime.distributed:
-            save(self.run_dir / CHECKPOINT, {**trainer_state(trainer), **self.extra})
-            sharded.remove(self.run_dir / sharded.SHARDED)  # resumed on one process from a sharded one
+            save(self.files.checkpoint, {**trainer_state(trainer), **self.extra})
+            sharded.remove(self.files.sharded)  # resumed on one process from a sharded one
             return
-        sharded.save(self.run_dir / sharded.SHARDED, trainer.model, trainer.optimizer,
+        sharded.save(self.files.sharded, trainer.model, trainer.optimizer,
                      {**trainer_state(trainer, weights=False), **self.extra}, trainer.runtime, save)
         if trainer.runtime.is_main:
-            (self.run_dir / CHECKPOINT).unlink(missing_ok=True)
+            self.files.checkpoint.unlink(missing_ok=True)
 
 
 def remove(run_dir: Path) -> None:
     """Delete the run's checkpoints (a finished run has nothing left to resume)."""
-    (run_dir / CHECKPOINT).unlink(missing_ok=True)
-    sharded.remove(run_dir / sharded.SHARDED)
+    RunDir(run_dir).checkpoint.unlink(missing_ok=True)
+    sharded.remove(RunDir(run_dir).sharded)

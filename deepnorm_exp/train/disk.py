@@ -37,6 +37,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ..errors import ConfigError
+from ..rundir import RunDir
 from .memory import GIB, Shape
 
 MB = 10**6
@@ -98,28 +99,28 @@ def estimate(cfg: DictConfig, positions: int, model_shape: Shape, depths: dict[s
     steps = int(train.steps)
     lines = due_count(steps, int(train.log_every), int(train.eval_every))
     per_layer = layer_steps(steps, int(metrics.layer_every)) if metrics.enabled else 0
-    parts = {"metrics.jsonl": lines * METRICS_LINE_BYTES, "events.jsonl": steps * EVENT_BYTES_PER_STEP,
-             "layers/": per_layer * (LAYER_FILE_BYTES + model_shape.residual_blocks(depths) * LAYER_ROW_BYTES),
+    parts = {RunDir.METRICS: lines * METRICS_LINE_BYTES, RunDir.EVENTS: steps * EVENT_BYTES_PER_STEP,
+             f"{RunDir.LAYERS}/": per_layer * (LAYER_FILE_BYTES + model_shape.residual_blocks(depths) * LAYER_ROW_BYTES),
              "config and summary": RUN_BASE_BYTES}
-    keys = {"metrics.jsonl": ("train.log_every", train.log_every),
-            "layers/": ("metrics.layer_every", metrics.layer_every)}
+    keys = {RunDir.METRICS: ("train.log_every", train.log_every),
+            f"{RunDir.LAYERS}/": ("metrics.layer_every", metrics.layer_every)}
     if cfg.logger.backend == "wandb" and cfg.logger.mode != "disabled":
         panels = max(len(kinds) for kinds in model_shape.blocks.values())
         layers = max(depths.values())
         images = images_bytes(panels, layers, per_layer)
-        parts["wandb/"] = (WANDB_BASE_BYTES + lines * WANDB_LINE_BYTES
+        parts[f"{RunDir.WANDB}/"] = (WANDB_BASE_BYTES + lines * WANDB_LINE_BYTES
                            + len(depths) * LAYER_METRICS * (per_layer * WANDB_LAYER_BYTES + images))
-        keys["wandb/"] = ("logger", cfg.logger.backend)
+        keys[f"{RunDir.WANDB}/"] = ("logger", cfg.logger.backend)
     checkpoint = 0
     if 0 < int(train.ckpt_every) < steps:
         reference = 4 * int(metrics.probe_batch) * positions * int(cfg.model.d_model) if metrics.enabled else 0
         checkpoint = (PARAM_CHECKPOINT_BYTES * model_shape.params(depths)
                       + 4 * TENSOR_CHECKPOINT_BYTES * model_shape.param_tensors(depths)
-                      + CHECKPOINT_BASE_BYTES + reference + parts["metrics.jsonl"] + parts["events.jsonl"])
+                      + CHECKPOINT_BASE_BYTES + reference + parts[RunDir.METRICS] + parts[RunDir.EVENTS])
     keys["checkpoints while running"] = ("train.ckpt_every", train.ckpt_every)
     if train.keep_checkpoint and checkpoint:
-        parts["checkpoint.pt"] = checkpoint
-        keys["checkpoint.pt"] = ("train.keep_checkpoint", True)
+        parts[RunDir.CHECKPOINT] = checkpoint
+        keys[RunDir.CHECKPOINT] = ("train.keep_checkpoint", True)
     return DiskEstimate(parts, transient=checkpoint if train.keep_checkpoint else 2 * checkpoint, keys=keys)
 
 
@@ -187,9 +188,9 @@ def plan(jobs: list[tuple[DictConfig, DiskEstimate]], concurrent: int = 1) -> li
     return planned
 
 
-ADVICE = {"layers/": "raise metrics.layer_every", "metrics.jsonl": "raise train.log_every",
-          "wandb/": "logger=none (or raise metrics.layer_every: W&B draws a heatmap per metric at each)",
-          "checkpoint.pt": "train.keep_checkpoint=false",
+ADVICE = {f"{RunDir.LAYERS}/": "raise metrics.layer_every", RunDir.METRICS: "raise train.log_every",
+          f"{RunDir.WANDB}/": "logger=none (or raise metrics.layer_every: W&B draws a heatmap per metric at each)",
+          RunDir.CHECKPOINT: "train.keep_checkpoint=false",
           "checkpoints while running": "train.ckpt_every=0 (no checkpoint: a killed run starts over)"}
 
 

@@ -39,7 +39,6 @@ from .damage import damaged
 if TYPE_CHECKING:  # torch.distributed.checkpoint takes a second to import: imported where a checkpoint is
     from torch.distributed.checkpoint import CheckpointException  # read or written, not by the pre-flight
 
-SHARDED = "checkpoint.dcp"
 TRAINER_STATE = "trainer.pt"
 
 

@@ -25,6 +25,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from deepnorm_exp.records import write_json, write_text
+from deepnorm_exp.rundir import StudyDir
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class FrontierSweeper(Sweeper):
         cells = [tuple(cell) for cell in self.planned_jobs(arguments)]
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_text(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # atomic, as every record
+        write_text(sweep_dir / StudyDir.MULTIRUN, OmegaConf.to_yaml(self.config))  # atomic, as every record
         launched = 0
 
         def probe(batch):
@@ -133,7 +134,7 @@ class FrontierSweeper(Sweeper):
                       for cell in found],
             "runs_spent": launched, "grid_runs": per_cell_grid * len(found),
         }
-        write_json(sweep_dir / "frontier.json", report)
+        write_json(sweep_dir / StudyDir.FRONTIER, report)
         log.info(format_frontier(report))
         print(format_frontier(report), flush=True)
         return report

@@ -1,0 +1,66 @@
+"""The run directory's layout is spelled in one place (deepnorm_exp/rundir.py): every other module names its
+files through RunDir / StudyDir, so renaming a file is one edit."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import deepnorm_exp
+from deepnorm_exp.rundir import RunDir, StudyDir
+
+PACKAGE = Path(deepnorm_exp.__file__).parent
+SOURCES = [path for folder in ("deepnorm_exp", "hydra_plugins", "benchmarks")
+           for path in sorted((PACKAGE.parent / folder).rglob("*.py"))]
+# File names; the directories' bare words (layers, wandb, published) also name a sink, a package, a cache kind.
+NAMES = {name for name in (*RunDir.RECORDS, *StudyDir.SWEEP_FILES) if "." in name}
+
+
+def string_literals(tree: ast.AST) -> list[ast.Constant]:
+    """Every str constant that is not a docstring (prose may name a file; code must not)."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings]
+
+
+def spelled(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value!r}" for node in string_literals(tree)
+            if node.value in NAMES]
+
+
+def test_no_module_but_rundir_spells_a_file_name_of_a_run_or_study_directory():
+    rundir = PACKAGE / "rundir.py"
+    found = [hit for path in SOURCES if path != rundir for hit in spelled(path)]
+    assert not found, found
+    assert len(spelled(rundir)) == len(NAMES)  # the check reads what it should
+
+
+def test_the_check_sees_a_spelled_name(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('"""summary.json in prose is fine."""\nPATH = "summary.json"\n')
+    tree = ast.parse(planted.read_text())
+    assert [node.value for node in string_literals(tree)] == ["summary.json"]
+
+
+def test_paths_come_from_the_directory(tmp_path):
+    files = RunDir(tmp_path)
+    assert files.summary == tmp_path / RunDir.SUMMARY and files.sharded.parent == tmp_path
+    assert not files.is_run()
+    files.config.write_text("norm: {}\n")
+    assert files.is_run()
+
+
+def test_the_lock_is_exclusive_and_seen_from_outside(tmp_path):
+    holder = RunDir(tmp_path).lock()
+    assert not RunDir(tmp_path).held_elsewhere()
+    assert holder.acquire()
+    try:
+        assert RunDir(tmp_path).held_elsewhere()
+        assert not RunDir(tmp_path).lock().acquire(patience=0.1)
+    finally:
+        holder.release()
+    assert not RunDir(tmp_path).held_elsewhere()
