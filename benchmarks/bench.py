@@ -30,8 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from deepnorm_exp.rundir import RunDir
-
 REPO = Path(__file__).resolve().parent.parent  # `-m benchmarks.*` children run from the repository root
 
 SHAPE = ["model.d_model=64", "model.n_heads=4", "model.d_ff=256", "train.seq_len=64", "train.batch_size=8"]
@@ -318,9 +316,18 @@ GPU_SHAPE = ["model.d_model=1024", "model.n_heads=16", "model.d_ff=4096", "depth
              "data.train_sequences=4096", "data.eval_sequences=64", "metrics=off", "logger=none", "resume=false"]
 
 
+def run_dir_type():
+    """deepnorm_exp.rundir.RunDir, imported when called: the bare child (`--child bare`) must not load the
+    harness, whose import would be in its peak memory."""
+    from deepnorm_exp.rundir import RunDir
+
+    return RunDir
+
+
 def cli_summary(root: Path, *overrides: str, timeout: float = 900) -> dict:
     """Run `python -m deepnorm_exp <overrides>` under `root`; its summary.json (a run that outlives `timeout`
     is stopped and reported as such; with under 5 s left, none is started)."""
+    RunDir = run_dir_type()
     if timeout < 5:
         return {"status": "not run", "error": "the section's time budget is spent"}
     try:
@@ -337,6 +344,7 @@ def cli_summary(root: Path, *overrides: str, timeout: float = 900) -> dict:
 def steady_state(summary: dict) -> dict:
     """A GPU run's figures: the median logged interval after the first (which pays for compilation and
     warm-up), the peak memory against the estimate, the wall time."""
+    RunDir = run_dir_type()
     records = [json.loads(r) for r in RunDir(summary["run_dir"]).metrics.read_text().splitlines()]
     later = [r for r in records[1:] if "tokens_per_s" in r] or records
 
@@ -406,6 +414,7 @@ def gpu_section(root: Path, budget_s: float = 540, results: Path | None = None) 
     resumed = cli_summary(killed_root, *args, timeout=left(0.15))
 
     def losses(directory: Path) -> list:
+        RunDir = run_dir_type()
         found = list(directory.glob(f"*/*/{RunDir.METRICS}"))
         return [json.loads(r)["loss"] for r in found[0].read_text().splitlines()] if found else []
 
@@ -430,6 +439,7 @@ def gpu_section(root: Path, budget_s: float = 540, results: Path | None = None) 
 
 def time_to_first_step(root: Path, logger: str) -> float:
     """Seconds from launching the command to the first metrics record on disk (depth 6, cache warm)."""
+    RunDir = run_dir_type()
     run_root = root / f"first-step-{logger}"
     cmd = [sys.executable, "-m", "deepnorm_exp", "depth=6", "train.steps=3", "train.log_every=1", f"logger={logger}",
            f"paths.runs={run_root}", f"paths.cache={root / 'cache'}"]

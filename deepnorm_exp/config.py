@@ -418,9 +418,8 @@ def parse_section(schema: type[S], node: Any, prefix: str) -> S:
         if OmegaConf.is_config(node):  # resolve against the whole config before detaching the section
             node = OmegaConf.to_container(node, resolve=True)
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        section = OmegaConf.to_object(merged)  # runs the dataclass's __post_init__ checks
-        check_rules(schema, section)
-        return section
+        check_rules(schema, merged)  # each key's own rule first: __post_init__ may read a key's value
+        return OmegaConf.to_object(merged)  # runs the dataclass's __post_init__: what involves several keys
     except ConfigError as e:
         raise ConfigError(f"{prefix}.{e.key}", e.value, e.allowed) from None
     except OmegaConfBaseException as e:

@@ -118,4 +118,5 @@ class StudyDir:
     MULTIRUN = "multirun.yaml"  # Hydra's record of the sweep's config
     FRONTIER = "frontier.json"  # the frontier sweeper's brackets per cell
     PUBLISHED = "published"  # the packed records behind the page (analysis/published.py)
+    PUBLISHING_LOCK = ".published.lock"  # beside published/: held while a pack or a restore writes
     SWEEP_FILES = (SWEEP_LOG, MULTIRUN, FRONTIER)

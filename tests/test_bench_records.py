@@ -69,3 +69,10 @@ def test_an_unknown_section_is_one_line(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--sections nope: choose from decoder, memory" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_benchmark_module_loads_without_the_harness():
+    """The bare child (`--child bare`) measures a plain PyTorch loop's peak memory: importing the benchmark
+    must not import deepnorm_exp (torch, Hydra, every scheme) into it."""
+    code = "import sys, benchmarks.bench; assert 'deepnorm_exp' not in sys.modules, 'deepnorm_exp imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -22,6 +22,7 @@ import pytest
 from deepnorm_exp import records
 from deepnorm_exp.analysis import published
 from deepnorm_exp.analysis.escape import md_code, md_fence, md_text
+from deepnorm_exp.rundir import StudyDir
 from deepnorm_exp.analysis.results import markdown_table
 
 from test_published import fake_run
@@ -215,7 +216,7 @@ def test_two_packs_at_once_take_turns_and_leave_whole_records(tmp_path):
 
     study = tmp_path / "runs" / "lr_study"
     fake_run(study, "pre-L6-s0")
-    lock = FileLock(study / published.LOCK)
+    lock = FileLock(study / StudyDir.PUBLISHING_LOCK)
     assert lock.acquire()
     packer = threading.Thread(target=published.pack, args=(study,))
     packer.start()
@@ -224,7 +225,7 @@ def test_two_packs_at_once_take_turns_and_leave_whole_records(tmp_path):
     lock.release()
     packer.join(timeout=60)
     assert published.load(study).manifest["runs"] == 1
-    assert sorted(p.name for p in study.iterdir()) == [published.LOCK, "pre-L6-s0", "published"]
+    assert sorted(p.name for p in study.iterdir()) == [StudyDir.PUBLISHING_LOCK, "pre-L6-s0", "published"]
 
 
 def test_a_stated_commit_must_be_a_commit(tmp_path):

@@ -129,3 +129,11 @@ def test_a_scheme_key_outside_its_choices_is_one_line_naming_them(key):
     for name in having:
         with pytest.raises(ConfigError, match=rf"norm\.{key}=bogus is invalid: choose one of"):
             deepnorm_exp.compose([f"norm={name}", f"norm.{key}=bogus"])
+
+
+def test_a_keys_own_rule_is_said_before_a_check_across_keys_reads_it():
+    """norm.base=Post is the mistake, not embedding_norm (whose check reads base): each key's rule holds first."""
+    from deepnorm_exp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^norm\.base=Post is invalid: choose one of"):
+        deepnorm_exp.compose(["norm=deepscalelm", "norm.base=Post", "norm.embedding_norm=true"])

@@ -42,7 +42,6 @@ from ..locks import FileLock
 from ..rundir import RunDir, StudyDir
 
 MANIFEST = "manifest.json"
-LOCK = ".published.lock"  # beside published/: held while a pack or a restore writes
 TABLES = ("runs", "scalars", "layers", "events")  # <name>.parquet
 FORMAT = 1
 
@@ -191,7 +190,7 @@ def pack(study_dir: Path, allow_fewer: bool = False, stated_commit: Optional[str
     study_dir = Path(study_dir)
     if stated_commit is not None and not schema.COMMIT.fullmatch(stated_commit):
         raise PublishError(f"--commit {stated_commit[:60]!r} is not a commit (7 to 64 hexadecimal digits)")
-    with FileLock(study_dir / LOCK):
+    with FileLock(study_dir / StudyDir.PUBLISHING_LOCK):
         return _pack(study_dir, allow_fewer, stated_commit)
 
 
@@ -277,7 +276,7 @@ def restore(study_dir: Path) -> tuple[int, int]:
     same records again and the sweep skips what has ended. A run directory that exists is left alone.
     Returns (runs restored, runs left to train again: those that had not ended)."""
     study_dir = Path(study_dir)
-    with FileLock(study_dir / LOCK):
+    with FileLock(study_dir / StudyDir.PUBLISHING_LOCK):
         return _restore(study_dir)
 
 

@@ -159,7 +159,7 @@ def load_frontier(root: str | Path) -> pd.DataFrame:
     """The cells of every `frontier.json` under `root` (hydra/sweeper=frontier), one row per cell."""
     rows = []
     for path in sorted(Path(root).rglob(StudyDir.FRONTIER)):
-        if "published" in path.relative_to(root).parts[:-1]:
+        if StudyDir.PUBLISHED in path.relative_to(root).parts[:-1]:
             continue  # a copy packed for publication (analysis/published.py), not another sweep
         report = records.read_json(path)
         if not isinstance(report, dict) or "cells" not in report:
