@@ -313,6 +313,11 @@ def run_name_excludes() -> list[str]:
     return list(_run_name_excludes())
 
 
+# The schema of a root section typed `Any` whose keys its plug-ins declare (metrics: the instruments'), as a
+# function its package registers when imported (deepnorm_exp/__init__ imports them all before any composition).
+SECTION_SCHEMAS: dict[str, Any] = {}
+
+
 @functools.cache
 def _run_name_excludes() -> tuple[str, ...]:
     out = list(NAMED_KEYS)  # rundir.py: what run_name spells out
@@ -321,8 +326,8 @@ def _run_name_excludes() -> tuple[str, ...]:
         section = next((f for f in fields(Config) if f.name == key), None)
         if section is not None and is_dataclass(section.default_factory):  # type: ignore[arg-type]
             out += [f"{key}.{inner.name}" for inner in fields(section.default_factory)]  # type: ignore[arg-type]
-        elif (CONF_DIR / key / "default.yaml").is_file():  # a section its plug-ins declare: its default's keys
-            out += [f"{key}.{inner}" for inner in OmegaConf.load(CONF_DIR / key / "default.yaml")]
+        elif key in SECTION_SCHEMAS:
+            out += [f"{key}.{inner.name}" for inner in fields(SECTION_SCHEMAS[key]())]
     return tuple(out)
 
 

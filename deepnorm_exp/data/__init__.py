@@ -89,11 +89,16 @@ def load_data(data_cfg: Any, cache_dir: str | Path, task: str = "lm") -> TaskDat
     return cls(parse_section(cls.Config, data_cfg, "data"), Path(cache_dir)).load(task)
 
 
+def parse_data(data_cfg: Any, task: str = "lm") -> Any:
+    """The `data` section checked against its source's dataclass, without loading anything, with every key
+    at its default where the section leaves it out."""
+    return parse_section(_source(data_cfg, task).Config, data_cfg, "data")
+
+
 def check_data_config(data_cfg: Any, task: str = "lm") -> int:
     """Validate the data section without loading anything (used before any compute); returns the longest
     sequence the model will see."""
-    cls = _source(data_cfg, task)
-    return cls.positions(parse_section(cls.Config, data_cfg, "data"), task)
+    return _source(data_cfg, task).positions(parse_data(data_cfg, task), task)
 
 
 def host_bytes(data_cfg: Any, task: str = "lm") -> HostBytes:

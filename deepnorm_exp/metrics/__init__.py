@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from ..config import parse_section
+from ..config import SECTION_SCHEMAS, parse_section
 from ..errors import ConfigError
 from ..registry import Registry
 from ..train.trainer import Callback
@@ -111,6 +111,9 @@ def metrics_schema() -> type:
     schema.__doc__ = ("Instrumentation (deepnorm_exp/metrics/, one module an instrument): the keys they share, then "
                       "each instrument's. Scalars every train.log_every steps, per-layer vectors every layer_every.")
     return schema
+
+
+SECTION_SCHEMAS["metrics"] = metrics_schema  # its keys, for the run-name exclusions (config.py)
 
 
 def parse_metrics(node: Any) -> Any:
