@@ -19,9 +19,31 @@ from omegaconf.errors import OmegaConfBaseException
 warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name",
                         category=UserWarning)
 
+from hydra.core.config_store import ConfigStore  # noqa: E402
+
 from .build import check_config  # noqa: E402
 from .config import CONF_DIR
+from .data import SOURCES
 from .errors import ConfigError, first_line
+from .metrics import metrics_schema
+from .schemes import SCHEMES
+
+SCHEMAS = "schemas"  # the ConfigStore group under which each plug-in's dataclass is stored
+
+
+def store_plug_in_schemas() -> None:
+    """Each plug-in's dataclass in Hydra's ConfigStore, as `schemas/<group>/<name>`, which its option file
+    names first in its defaults list (conf/norm/deepnorm.yaml: `- /schemas/norm@_here_: deepnorm`): Hydra
+    then knows every key of the section, with its type and default, and the file holds only what it
+    changes. Done at import, before anything composes (deepnorm_exp/__init__ imports this module)."""
+    store = ConfigStore.instance()
+    for group, registry in (("norm", SCHEMES), ("data", SOURCES)):
+        for name in registry.names():
+            store.store(group=f"{SCHEMAS}/{group}", name=name, node=registry.get(name).Config)
+    store.store(group=f"{SCHEMAS}/metrics", name="instruments", node=metrics_schema())
+
+
+store_plug_in_schemas()
 
 
 def _compose(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig:
@@ -61,7 +83,8 @@ def composition_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
     cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
     key = getattr(cause, "full_key", None)
     if key:
-        value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), "?")
+        value = next(((o.split("=", 1) + [o[:len(o) - len(o.lstrip("+~"))]])[1]  # `~key`: the deletion
+                      for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), "?")
         return ConfigError(key, value, first_line(cause))
     # Hydra's own message names the override ("Could not override 'x'. ..."); keep its first sentence, and
     # show the override it could not parse where one is (Hydra's lexer names only where it stopped).

@@ -249,8 +249,8 @@ def page() -> str:
         "any compute: a key that does not exist, a value of the wrong type or outside its choices is one line "
         "naming the key, exit status 2. Every key can be set on the command line (`train.lr=3e-4`); "
         "`python -m deepnorm_exp --cfg job [overrides]` prints the composed config. The defaults are the "
-        "schema's: the group files of the typed sections hold only what each option changes, those of the "
-        "plug-in sections (`norm`, `data`, `metrics`) repeat their plug-in's keys, and a test checks they agree.",
+        "schema's (a plug-in's option file names its dataclass first in its defaults list); the group files in "
+        "`conf/` hold only what each option changes.",
         "## Config groups",
         table(groups, ("group", "options", "what it selects")),
         "## Root keys",

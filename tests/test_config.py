@@ -189,3 +189,10 @@ def test_the_sweep_log_names_the_code_that_ran_it():
 
     version = code_version()
     assert set(version) == {"commit", "modified"} and len(version["commit"]) == 12
+
+
+def test_deleting_a_plug_in_key_is_one_line():
+    """A plug-in's section is typed by its dataclass: `~data.seed` cannot delete a key it declares (the
+    default applies anyway). Said in one line naming the key; this was an IndexError traceback."""
+    with pytest.raises(ConfigError, match=r"^data\.seed=~ is invalid: .*does not support deletion"):
+        deepnorm_exp.compose(["~data.seed"])

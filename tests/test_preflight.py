@@ -45,7 +45,7 @@ def args(argv):
     return get_args_parser().parse_args(argv)
 
 
-SWEEP = ["experiment=quickstart", "norm=post,pre", "depth=2,3", "+extra=1", "++seed=5", "~data.seed",
+SWEEP = ["experiment=quickstart", "norm=post,pre", "depth=2,3", "+extra=1", "++seed=5", "~mitigation",
          "train.betas=[0.9,0.95]", "experiment_name='a,b'", "hydra.job.config.override_dirname.kv_sep=:",
          "data.vocab_size=range(30,32)", *TINY[:3]]
 
@@ -68,7 +68,7 @@ def test_each_jobs_config_is_what_hydras_launcher_composes():
             with open_dict(theirs):
                 del theirs["hydra"]
             assert OmegaConf.to_container(ours.cfg) == OmegaConf.to_container(theirs)
-            assert ours.cfg.experiment_name == "a,b" and ours.cfg.extra == 1 and "seed" not in ours.cfg.data
+            assert ours.cfg.experiment_name == "a,b" and ours.cfg.extra == 1 and ours.cfg.seed == 5
         assert len(compose_job.bases) == 2  # one Hydra composition per norm, not one per job
 
 

@@ -1,6 +1,5 @@
 """One source for every default: the typed schema. docs/configuration.md is generated from it, and the
-group files of the sections it types hold only what each option changes; those of the plug-in sections
-(norm, data, metrics) repeat their plug-in's keys, held equal to it here."""
+group files in conf/ hold only what each option changes."""
 
 import dataclasses
 from pathlib import Path
@@ -60,53 +59,43 @@ def schema_defaults(cls) -> dict:
     return flat(OmegaConf.to_container(OmegaConf.structured(cls), resolve=False, throw_on_missing=False))
 
 
-def typed_group_files():
-    """(file, its section's dataclass) of the groups whose section the root schema types (train, model, logger,
-    paths): Hydra knows every key from the dataclass, so an option file holds only what it changes."""
+def group_files():
+    """(file, its section's dataclass): the options of the groups the root schema types (train, model,
+    logger, paths), and each plug-in's own option (every scheme, every data source, the instruments), whose
+    defaults list names its dataclass (`- /schemas/norm@_here_: deepnorm`). The hub presets (`wikitext2` and
+    the like) set values of their own on purpose."""
     for group, cls in (("train", schema.TrainConfig), ("logger", schema.LoggerConfig),
                        ("paths", schema.PathsConfig), ("model", schema.ModelConfig)):
         for path in sorted((CONF / group).glob("*.yaml")):
             yield path, cls
-
-
-def plug_in_group_files():
-    """(file, the dataclass whose defaults it repeats) of the sections typed `Any` (norm, data, metrics),
-    whose keys their plug-ins declare: Hydra knows a key there only if the file holds it, and
-    `norm.alpha=2` on the command line needs the key to exist, so these files repeat every key (held equal to
-    the schema here). Each group's default option, every scheme, every data source (the hub presets,
-    `wikitext2` and the like, set values of their own on purpose)."""
-    yield CONF / "metrics" / "default.yaml", metrics_schema()
+    for path in sorted((CONF / "metrics").glob("*.yaml")):
+        yield path, metrics_schema()
     for name in SCHEMES.names():
         yield CONF / "norm" / f"{name}.yaml", SCHEMES.get(name).Config
     for name in SOURCES.names():
         yield CONF / "data" / f"{name}.yaml", SOURCES.get(name).Config
 
 
-@pytest.mark.parametrize("path, cls", list(typed_group_files()), ids=lambda v: getattr(v, "name", ""))
-def test_a_typed_group_file_holds_only_what_it_changes(path, cls):
+@pytest.mark.parametrize("path, cls", list(group_files()), ids=lambda v: getattr(v, "name", ""))
+def test_a_group_file_holds_only_what_it_changes(path, cls):
     """The schema holds every default once: an option file sets only keys of its schema (a typo is caught
     here, not at the first run), and none at the schema's own default (a second copy of a default, which
-    would drift). An interpolation (`vocab_size: ${data.vocab_size}`) ties a key to another: a change."""
+    would drift). `name` selects the plug-in; an interpolation (`seq_len: ${train.seq_len}`) ties a key to
+    another: a change."""
     written = flat(OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {})
     written.pop("defaults", None)
     defaults = schema_defaults(cls)
     assert set(written) <= set(defaults), f"{path.relative_to(REPO)}: unknown {sorted(set(written) - set(defaults))}"
-    repeated = sorted(key for key, value in written.items() if value == defaults[key])
+    repeated = sorted(key for key, value in written.items() if key != "name" and value == defaults[key])
     assert not repeated, f"{path.relative_to(REPO)} repeats the schema's default of {repeated}"
 
 
-@pytest.mark.parametrize("path, cls", list(plug_in_group_files()), ids=lambda v: getattr(v, "name", ""))
-def test_each_plug_in_group_file_holds_every_key_of_its_schema_at_the_schemas_default(path, cls):
-    """A key the schema has and the file lacks is a default nobody reading conf/ sees (train.deterministic
-    was one); a value that differs is two defaults. An interpolation (`seq_len: ${train.seq_len}`) is the
-    file's way of tying a key to another, and may stand where the schema has a plain default."""
-    written = flat(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
-    defaults = schema_defaults(cls)
-    assert set(written) == set(defaults), (f"{path.relative_to(REPO)}: missing {sorted(set(defaults) - set(written))},"
-                                           f" unknown {sorted(set(written) - set(defaults))}")
-    for key, value in written.items():
-        if key != "name" and not (isinstance(value, str) and value.startswith("${")):  # name: the file's own
-            assert value == defaults[key] or defaults[key] == "???", f"{path.name}: {key}={value}, schema {defaults[key]}"
+def test_a_plug_in_option_names_its_own_dataclass_first():
+    for path, cls in group_files():
+        if path.parent.name in ("norm", "data", "metrics"):
+            entries = OmegaConf.load(path)["defaults"]
+            name = "instruments" if path.parent.name == "metrics" else path.stem
+            assert entries[0] == {f"/schemas/{path.parent.name}@_here_": name} and entries[-1] == "_self_", path
 
 
 def test_the_root_config_repeats_no_root_default():
@@ -115,12 +104,16 @@ def test_the_root_config_repeats_no_root_default():
     assert not [k for k, v in written.items() if k in defaults and v == defaults[k]]
 
 
-def test_a_typed_key_the_group_files_leave_out_composes_at_its_default_and_takes_an_override():
+def test_a_key_the_group_files_leave_out_composes_at_its_default_and_takes_an_override():
     import deepnorm_exp
 
     cfg = deepnorm_exp.compose(["train.warmup_steps=7", "model=encdec"])
     assert cfg.train.betas == [0.9, 0.98] and cfg.train.warmup_steps == 7 and cfg.depth == 6
     assert cfg.model.kind == "encdec" and cfg.model.d_model == 64 and cfg.logger.mode == "offline"
+    cfg = deepnorm_exp.compose(["norm=deepnorm", "norm.alpha=2", "data=hub", "data.path=some-org/some-dataset"],
+                               check=False)
+    assert cfg.norm.constants == "paper" and cfg.norm.alpha == 2.0 and cfg.data.text_column == "text"
+    assert cfg.metrics.layer_every == 50
 
 
 def test_the_presets_table_says_what_each_preset_composes_to():

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 import deepnorm_exp
+from omegaconf import open_dict
 from deepnorm_exp.models.layers import FeedForward, SelfAttention
 from deepnorm_exp.schemes import SCHEMES, build_scheme, register
 from deepnorm_exp.schemes.base import NormScheme
@@ -75,8 +76,9 @@ def test_a_new_scheme_needs_no_model_or_trainer_change():
             return ScaledResidual(sublayer, 1.0 / (layer + 1))
 
     try:
-        # the name only: the base's own keys deleted
-        cfg = deepnorm_exp.compose(["depth=3", "norm=rezero", "~norm.alpha_per", "norm.name=test_scaled_residual"])
+        cfg = deepnorm_exp.compose(["depth=3"], check=False)
+        with open_dict(cfg):  # no conf/norm/ file: the section by hand, the name only
+            cfg.norm = {"name": "test_scaled_residual"}
         model = deepnorm_exp.build_model(cfg)
         assert [b.attn.scale for b in model.blocks] == [1.0, 0.5, 1 / 3]
         logits = model(torch.randint(0, 256, (2, 8)))
