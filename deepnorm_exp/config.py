@@ -96,13 +96,12 @@ def rules(schema: type, prefix: str = "") -> Iterator[tuple[str, dict]]:
             yield from rules(item.default_factory, f"{prefix}{item.name}.")  # type: ignore[arg-type]
 
 
-def check_rules(schema: type, cfg: Any, prefix: str = "") -> None:
-    """ConfigError for the first key of `cfg` (a config, or the dataclass object it became) that breaks its
-    field's rule; keys are named with `prefix`."""
+def check_rules(schema: type, cfg: DictConfig, prefix: str = "") -> None:
+    """ConfigError for the first key of `cfg` that breaks its field's rule; keys are named with `prefix`."""
     for key, rule in rules(schema):
         if not {"choices", "check"} & set(rule):
             continue
-        value = _get(cfg, key, prefix) if OmegaConf.is_config(cfg) else _attr(cfg, key)
+        value = _get(cfg, key, prefix)
         if value is None and "null" in rule:
             continue
         if rule.get("choices"):
@@ -112,12 +111,6 @@ def check_rules(schema: type, cfg: Any, prefix: str = "") -> None:
             if not holds(value):
                 raise ConfigError(prefix + key, value, words + (f", or null for {rule['null']}" if "null" in rule
                                                                 else ""))
-
-
-def _attr(obj: Any, key: str) -> Any:
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 if not OmegaConf.has_resolver("tuned_lr"):
