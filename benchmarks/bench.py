@@ -463,13 +463,13 @@ import json, sys, time
 started = time.perf_counter()
 from deepnorm_exp.preflight import JobComposer, hydra_command, planned_jobs, preflight
 from deepnorm_exp.__main__ import train
-from hydra._internal.utils import get_args_parser
+from hydra_plugins.deepnorm_exp_frontier._hydra_internals import args_parser
 from hydra.types import RunMode
 imported = time.perf_counter()
 argv = sys.argv[1:]
 jobs, _ = preflight(argv)
 checked = time.perf_counter()
-with hydra_command(get_args_parser().parse_args(argv), train) as command:  # Hydra's own, one per job
+with hydra_command(args_parser().parse_args(argv), train) as command:  # Hydra's own, one per job
     master = command.compose(command.overrides, RunMode.MULTIRUN)
     for job in planned_jobs(command, master, train)[0]:
         command.config_loader.load_sweep_config(master, job)

@@ -79,12 +79,12 @@ def launched_as_rank() -> bool:
 
 
 def command(argv: list[str] | None) -> None:
-    from hydra._internal.utils import get_args_parser
+    from hydra_plugins.deepnorm_exp_frontier._hydra_internals import args_parser
 
     from .preflight import preflight
 
     argv = sys.argv[1:] if argv is None else argv
-    args = get_args_parser().parse_args(argv)
+    args = args_parser().parse_args(argv)
     wants_info = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
     jobs, multirun = [], False
     if not wants_info:

@@ -34,7 +34,6 @@ from .config import CONF_DIR
 from .errors import ConfigError, HarnessError, first_line
 
 DEFAULT_CONFIG = "config"
-HYDRA_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 # The override lists of the jobs this process's pre-flight composed and checked, where the sweep is Hydra's
 # basic sweeper: the command launches them with hydra/sweeper=checked, the same sweeper without its second
 # composition of each job (hydra_plugins/deepnorm_exp_frontier/checked_sweeper.py).
@@ -72,7 +71,7 @@ class Command:
     """A command line as Hydra reads it: its Hydra instance (with the command's search path), the primary
     config's name, the overrides and the mode."""
 
-    hydra: object  # hydra._internal.hydra.Hydra
+    hydra: object  # Hydra's instance (_hydra_internals.main_hydra)
     config_name: str
     overrides: list[str]
     multirun: bool
@@ -90,16 +89,11 @@ class Command:
 def hydra_command(args: argparse.Namespace, task_function: Callable) -> Iterator[Command]:
     """Hydra as `@hydra.main(config_path=CONF_DIR, config_name="config")` builds it for `args` (Hydra's own
     argument parser's result); Hydra's global state is cleared on exit so that the app can run next."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import (create_automatic_config_search_path,
-                                       detect_calling_file_or_module_from_task_function, detect_task_name)
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra_plugins.deepnorm_exp_frontier._hydra_internals import main_hydra, main_search_path
 
-    task_function = getattr(task_function, "__wrapped__", task_function)
-    calling_file, calling_module = detect_calling_file_or_module_from_task_function(task_function)
-    search_path = create_automatic_config_search_path(calling_file, calling_module,
-                                                      args.config_path or str(CONF_DIR))
+    search_path, task_name = main_search_path(task_function, args.config_path or str(CONF_DIR))
     if args.config_dir is not None:
         config_dir = os.path.abspath(args.config_dir)
         if not os.path.isdir(config_dir):
@@ -107,12 +101,11 @@ def hydra_command(args: argparse.Namespace, task_function: Callable) -> Iterator
         search_path.prepend(provider="command-line", path=f"file://{config_dir}",
                             anchor=SearchPathQuery(provider="schema"))
     try:
-        hydra = Hydra.create_main_hydra2(task_name=detect_task_name(calling_file, calling_module),
-                                         config_search_path=search_path)
+        hydra = main_hydra(task_name, search_path)
         config_name = args.config_name or DEFAULT_CONFIG
         with refusals(args.overrides, config_name):
             mode = hydra.get_mode(config_name=config_name, overrides=list(args.overrides))
-        # As hydra._internal.utils._run_app decides: -m, or hydra.mode=MULTIRUN from the command or a config.
+        # As Hydra's _run_app decides: -m, or hydra.mode=MULTIRUN from the command or a config.
         multirun = bool(args.multirun) or mode == RunMode.MULTIRUN
         yield Command(hydra, config_name, list(args.overrides), multirun)
     except SearchPathException as e:
@@ -188,18 +181,18 @@ class JobComposer:
 
     def _classify(self, overrides: list[str]):
         """Hydra's parse of `overrides` and its value overrides (those applied after the defaults list)."""
-        from hydra._internal.defaults_list import Overrides
+        from hydra_plugins.deepnorm_exp_frontier._hydra_internals import config_repository, value_overrides
 
         parsed = OverridesParser.create().parse_overrides(overrides)
         searchpath_key = tuple(o.input_line for o in parsed if o.is_hydra_override())
         if searchpath_key not in self.repos:  # hydra.searchpath changes which groups exist
-            self.repos[searchpath_key] = self.command.config_loader._parse_overrides_and_create_caching_repo(
-                self.command.config_name, overrides)[1]
-        values = Overrides(self.repos[searchpath_key], parsed).config_overrides
+            self.repos[searchpath_key] = config_repository(self.command.config_loader, self.command.config_name,
+                                                           overrides)
+        values = value_overrides(self.repos[searchpath_key], parsed)
         return parsed, [o for o in values if not o.is_hydra_override()]
 
     def __call__(self, job_overrides: Sequence[str]) -> ComposedJob:
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+        from hydra_plugins.deepnorm_exp_frontier._hydra_internals import apply_value_overrides, overrides_dirname
 
         job_overrides = list(job_overrides)
         with refusals(job_overrides, self.command.config_name):
@@ -214,20 +207,18 @@ class JobComposer:
                 self.bases[structural] = (full, hydra_node)
             task, hydra_node = self.bases[structural]
             cfg = copy.deepcopy(task)
-            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        dirname = hydra_node.job.config.override_dirname
-        override_dirname = get_overrides_dirname(overrides=[o for o in parsed if not o.is_hydra_override()],
-                                                 kv_sep=dirname.kv_sep, item_sep=dirname.item_sep,
-                                                 exclude_keys=dirname.exclude_keys)
+            apply_value_overrides(values, cfg)
+        override_dirname = overrides_dirname([o for o in parsed if not o.is_hydra_override()],
+                                             hydra_node.job.config.override_dirname)
         return composed(cfg, hydra_node, override_dirname)
 
 
 def planned_jobs(command: Command, master: DictConfig, task_function: Callable) -> tuple[list[list[str]], bool]:
     """The override list of every job the sweep launches, as the configured sweeper expands it, and whether
     they are launched as they are (else the sweeper sets more keys on them, e.g. the frontier's lr)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.plugins import Plugins
     from hydra.types import HydraContext
+    from hydra_plugins.deepnorm_exp_frontier._hydra_internals import basic_sweeper, split_sweep, sweep_axes
 
     class NoCallbacks:  # the sweeper's setup only stores them; the sweep's callbacks run when it launches
         def __getattr__(self, name):
@@ -244,10 +235,9 @@ def planned_jobs(command: Command, master: DictConfig, task_function: Callable) 
             raise ConfigError("hydra.sweeper", master.hydra.sweeper.get("_target_"), first_line(cause)) from None
         if hasattr(sweeper, "planned_jobs"):  # ours (the frontier): the cells it will probe
             return sweeper.planned_jobs(arguments), False
-        if isinstance(sweeper, BasicSweeper):
+        if isinstance(sweeper, basic_sweeper()[0]):
             parser = OverridesParser.create(config_loader=command.config_loader)
-            axes = parser.parse_overrides(sweeper._parse_config() + arguments)
-            return BasicSweeper.split_arguments(axes, None)[0], True
+            return split_sweep(parser.parse_overrides(sweep_axes(sweeper) + arguments)), True
     # A sweeper that picks jobs as it goes: the settings every job shares (its own axes left out).
     parsed = OverridesParser.create(config_loader=command.config_loader).parse_overrides(arguments)
     return [[o.input_line for o in parsed if not o.is_sweep_override()]], False
@@ -304,11 +294,11 @@ def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tup
     """Compose and check every job `python -m deepnorm_exp <argv>` would launch (where the jobs run on this
     machine, also its device and memory), and that no job would take over a run directory trained with
     another config. Returns the jobs and whether the command is a multirun, or raises a HarnessError."""
-    from hydra._internal.utils import get_args_parser
+    from hydra_plugins.deepnorm_exp_frontier._hydra_internals import BASIC_SWEEPER, args_parser
 
     if task_function is None:
         from .task import train as task_function
-    args = get_args_parser().parse_args(list(argv))
+    args = args_parser().parse_args(list(argv))
     _checked.clear()  # what this command checked, not an earlier one in the same process
     with hydra_command(args, task_function) as command:
         if not command.multirun:
@@ -330,6 +320,6 @@ def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tup
         compose_job = JobComposer(command, master)
         checked = [check_job(job, compose_job(job), fixed) for job in jobs]
         print(check_records(checked, concurrent_runs(master.hydra.launcher, len(checked))), file=sys.stderr, flush=True)
-        if master.hydra.sweeper.get("_target_") == HYDRA_BASIC_SWEEPER:
+        if master.hydra.sweeper.get("_target_") == BASIC_SWEEPER:
             _checked.update(tuple(job.overrides) for job in checked)
         return checked, True

@@ -385,16 +385,17 @@ def test_an_old_module_name_fails_in_one_line_naming_the_new_one():
 
 # -- 12. start-up: the jobs the pre-flight checked are not composed a second time --------------------------------
 def test_the_default_sweeper_validates_only_the_jobs_the_preflight_did_not_check(tmp_path, monkeypatch):
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra_plugins.deepnorm_exp_frontier.checked_sweeper import CheckedSweeper
-
-    from deepnorm_exp.preflight import preflight
-
     from conftest import TINY
-
-    from deepnorm_exp.preflight import checked_sweeper_override
+    from deepnorm_exp.preflight import checked_sweeper_override, preflight
 
     jobs, _ = preflight(["-m", "norm=post,pre", *TINY, f"paths.runs={tmp_path}", "logger=none"])
+    # After a pre-flight: Hydra's first plugin scan re-executes the plugin modules (and its own
+    # basic_sweeper.py) in place, so classes taken before it are not the ones Hydra launches with.
+    from hydra_plugins.deepnorm_exp_frontier._hydra_internals import basic_sweeper
+    from hydra_plugins.deepnorm_exp_frontier.checked_sweeper import CheckedSweeper
+
+    BasicSweeper = basic_sweeper()[0]
+
     assert checked_sweeper_override(jobs) == ["hydra/sweeper=checked"]  # what the command launches with
     validated = []
     monkeypatch.setattr(BasicSweeper, "validate_batch_is_legal", lambda self, batch: validated.append(batch))

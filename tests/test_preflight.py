@@ -40,9 +40,9 @@ def user_configs(root):
 
 
 def args(argv):
-    from hydra._internal.utils import get_args_parser
+    from hydra_plugins.deepnorm_exp_frontier._hydra_internals import args_parser
 
-    return get_args_parser().parse_args(argv)
+    return args_parser().parse_args(argv)
 
 
 SWEEP = ["experiment=quickstart", "norm=post,pre", "depth=2,3", "+extra=1", "++seed=5", "~mitigation",
@@ -75,7 +75,7 @@ def test_each_jobs_config_is_what_hydras_launcher_composes():
 def test_a_large_sweep_is_composed_a_few_times_not_once_per_job(monkeypatch):
     """The 54 jobs of paper_depth_sweep: Hydra composes the mode, the master config and one config per
     norm (the work the check does, not its time: `make bench` section startup measures that)."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra_plugins.deepnorm_exp_frontier._hydra_internals import ConfigLoaderImpl
 
     calls = []
     original = ConfigLoaderImpl.load_configuration

@@ -11,8 +11,11 @@ job it did not check (a sweep started without the pre-flight, from Python) is va
 
 from dataclasses import dataclass
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
 from hydra.core.config_store import ConfigStore
+
+from ._hydra_internals import basic_sweeper
+
+BasicSweeper, BasicSweeperConf = basic_sweeper()  # as this module runs: Hydra's scan re-runs both modules
 
 
 @dataclass

@@ -94,15 +94,15 @@ class FrontierSweeper(Sweeper):
     def planned_jobs(self, arguments: List[str]) -> List[List[str]]:
         """The cells: the grid of the sweep's other axes (glob, range and the rest of Hydra's grammar), each
         probed with `key` set. Also what the pre-flight checks before anything runs."""
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
         from deepnorm_exp.sweeps.frontier import check_owned_keys
+
+        from ._hydra_internals import split_sweep
 
         assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         axes = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         check_owned_keys(self.key, axes)
-        return BasicSweeper.split_arguments(parser.parse_overrides(axes), None)[0]
+        return split_sweep(parser.parse_overrides(axes))
 
     def sweep(self, arguments: List[str]) -> Any:
         from deepnorm_exp.sweeps.frontier import grid_runs, search
