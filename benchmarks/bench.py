@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent  # `-m benchmarks.*` children run from the repository root
@@ -156,12 +157,25 @@ def child(args) -> None:
                       "page_faults_per_step": (usage.ru_minflt - faults) / len(times)}))
 
 
-def measure(kind: str, depth: int, steps: int, root: Path, checkpointing: bool = False, threads: int = 2,
-            encdec: bool = False, overrides: list[str] = (), env: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class ChildOptions:
+    """How a measuring child trains, besides its depth and steps."""
+
+    checkpointing: bool = False  # activation checkpointing
+    threads: int = 2
+    encdec: bool = False  # the encoder-decoder instead of the decoder
+    overrides: tuple[str, ...] = ()  # the harness child's extra overrides
+    env: dict | None = None  # environment variables to set (None as a value: unset)
+
+
+def measure(kind: str, depth: int, steps: int, root: Path, **options) -> dict:
+    """A fresh child process's step times and memory; `options`: ChildOptions's fields."""
+    child = ChildOptions(**options)
     cmd = [sys.executable, "-m", "benchmarks.bench", "--child", kind, "--depth", str(depth), "--steps",
-           str(steps), "--root", str(root), "--threads", str(threads), "--overrides", json.dumps(list(overrides))]
-    cmd += (["--checkpointing"] if checkpointing else []) + (["--encdec"] if encdec else [])
-    environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}  # None: unset
+           str(steps), "--root", str(root), "--threads", str(child.threads),
+           "--overrides", json.dumps(list(child.overrides))]
+    cmd += (["--checkpointing"] if child.checkpointing else []) + (["--encdec"] if child.encdec else [])
+    environment = {k: v for k, v in {**os.environ, **(child.env or {})}.items() if v is not None}  # None: unset
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=environment, cwd=REPO)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     times = sorted(result["step_times"][2:])  # the first steps pay for allocations and warm-up

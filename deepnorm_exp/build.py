@@ -8,6 +8,7 @@ sweep before the first one starts; `run_experiment` runs both again, so a notebo
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,9 +33,18 @@ def make_scheme(cfg: DictConfig) -> NormScheme:
     return build_scheme(cfg.norm, model_depths(cfg), cfg.model.norm_eps)
 
 
-def check_config(cfg: DictConfig) -> int:
-    """Every check that needs no compute: types, ranges, the scheme's and the data source's sections.
-    Returns the longest sequence the model will be fed."""
+@dataclass(frozen=True)
+class CheckedConfig:
+    """A config past every check that needs no compute, with what the checks derived from it."""
+
+    cfg: DictConfig  # with every instrument's default filled in (what every reader of it sees)
+    scheme: NormScheme  # built once: its constants and init come from the depths
+    depths: dict[str, int]  # layers per stack
+    positions: int  # the longest sequence the model is fed
+
+
+def check_config(cfg: DictConfig) -> CheckedConfig:
+    """Every check that needs no compute: types, ranges, the scheme's and the data source's sections."""
     validate(cfg)
     model_cls = MODELS.get(cfg.model.kind)
     if cfg.model.encoder_depth is not None and "encoder" not in model_cls.stack_depths(cfg):
@@ -50,14 +60,13 @@ def check_config(cfg: DictConfig) -> int:
     if positions > cfg.model.max_seq_len:
         raise ConfigError("model.max_seq_len", cfg.model.max_seq_len,
                           f"data={cfg.data.name} feeds sequences of {positions} tokens; raise it or shorten the data")
-    return positions
+    return CheckedConfig(cfg, scheme, model_depths(cfg), positions)
 
 
 def build_model(cfg: DictConfig, scheme: NormScheme | None = None) -> nn.Module:
     """The model `cfg` describes, initialised by its normalization scheme (on the CPU)."""
     if scheme is None:
-        check_config(cfg)
-        scheme = make_scheme(cfg)
+        scheme = check_config(cfg).scheme
     return MODELS.get(cfg.model.kind)(cfg.model, model_depths(cfg), scheme)
 
 
@@ -74,12 +83,13 @@ def check_writable_dir(key: str, value: str) -> None:
         raise ConfigError(key, value, f"{existing} is not writable (read-only file system or permissions)")
 
 
-def check_memory(cfg: DictConfig, device: torch.device, positions: int):
-    """The memory estimate of training `cfg` on sequences of `positions` tokens; ConfigError if it exceeds
-    the device (memory_check=false lets it try anyway)."""
+def check_memory(checked: CheckedConfig, device: torch.device):
+    """The memory estimate of training the config; ConfigError if it exceeds the device (memory_check=false
+    lets it try anyway)."""
     from .train.memory import GIB, check_host_memory, device_memory, estimate
 
-    guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions, holds_weight_copy(cfg.metrics))
+    cfg = checked.cfg
+    guess = estimate(cfg, checked.scheme, checked.depths, checked.positions, holds_weight_copy(cfg.metrics))
     check_host_memory(cfg, guess)  # first: data that cannot fit is named by its own keys, not by depth
     available = device_memory(device)
     if cfg.memory_check and guess.total_bytes > available:
@@ -89,16 +99,16 @@ def check_memory(cfg: DictConfig, device: torch.device, positions: int):
     return guess
 
 
-def check_runtime(cfg: DictConfig, positions: int, world_size: int, here: bool = True):
+def check_runtime(checked: CheckedConfig, world_size: int, here: bool = True):
     """The checks that need a machine: the batch splits over the `world_size` processes that will train the
     run, records can be written, and (`here`: the jobs run on this machine, not on a cluster's nodes) the
-    device exists and training fits in its memory (`positions`: what check_config returned). Returns the
-    memory estimate, or None when not `here`."""
+    device exists and training fits in its memory. Returns the memory estimate, or None when not `here`."""
     from .train.parallel import check_layout
 
+    cfg = checked.cfg
     check_layout(cfg.train, world_size)
     check_writable_dir("paths.runs", cfg.paths.runs)
     check_writable_dir("paths.cache", cfg.paths.cache)
     if not here:
         return None
-    return check_memory(cfg, resolve_device(cfg.device), positions)
+    return check_memory(checked, resolve_device(cfg.device))

@@ -28,7 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .build import check_config, check_runtime, make_scheme, model_depths
+from .build import check_config, check_runtime
 from .compose import composition_error, missing_option, unreadable_override
 from .config import CONF_DIR
 from .errors import ConfigError, HarnessError, first_line
@@ -249,11 +249,10 @@ def check_job(overrides: list[str], job: ComposedJob, fixed: bool) -> Job:
     from .train.memory import shape
 
     # A cluster launcher's jobs check their device and memory on their node, when they start.
-    positions = check_config(job.cfg)
-    memory = check_runtime(job.cfg, positions, job.world_size, here="Slurm" not in job.launcher)
-    depths = model_depths(job.cfg)
-    model_shape = memory.shape if memory is not None else shape(job.cfg, make_scheme(job.cfg), tuple(depths))
-    records = disk.estimate(job.cfg, positions, model_shape, depths)
+    config = check_config(job.cfg)
+    memory = check_runtime(config, job.world_size, here="Slurm" not in job.launcher)
+    model_shape = memory.shape if memory is not None else shape(job.cfg, config.scheme, tuple(config.depths))
+    records = disk.estimate(job.cfg, config.positions, model_shape, config.depths)
     checked = Job(overrides, job.cfg, job.override_dirname, fixed, memory, records)
     if fixed:
         check_claim(checked.run_dir, job.cfg)

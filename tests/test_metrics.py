@@ -20,7 +20,7 @@ from deepnorm_exp.metrics.gradients import LayerGradNorms
 from deepnorm_exp.metrics.model_update import ModelUpdate
 from deepnorm_exp.metrics.representation import RepresentationStats, kurtosis, token_cosine
 from deepnorm_exp.metrics.updates import ParameterUpdates
-from deepnorm_exp.models.layers import CrossAttention, SelfAttention
+from deepnorm_exp.models.layers import AttentionSettings, CrossAttention, SelfAttention
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.sinks.layers import load_layers
 from deepnorm_exp.train.trainer import Callback, StepOutput, Trainer
@@ -291,8 +291,8 @@ def test_attention_probs_reproduce_the_sdpa_outputs():
         heads = probs @ values.view(2, -1, 2, 8).transpose(1, 2)
         return attn.out(heads.transpose(1, 2).reshape(2, -1, 16))
 
-    causal, bidirectional = SelfAttention(16, 2, 0.0).eval(), SelfAttention(16, 2, 0.0, causal=False).eval()
-    cross = CrossAttention(16, 2, 0.0).eval()
+    causal, bidirectional = SelfAttention(AttentionSettings(16, 2)).eval(), SelfAttention(AttentionSettings(16, 2), causal=False).eval()
+    cross = CrossAttention(AttentionSettings(16, 2)).eval()
     with torch.no_grad():
         for attn, mask in ((causal, None), (bidirectional, key_mask)):
             probs = attn.attention_probs(x, mask)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import deepnorm_exp
 from deepnorm_exp.build import make_scheme
 from deepnorm_exp.config import parse_section, TrainConfig
-from deepnorm_exp.models.layers import CrossAttention, SelfAttention
+from deepnorm_exp.models.layers import AttentionSettings, CrossAttention, SelfAttention
 from deepnorm_exp.schemes import SCHEMES
 from deepnorm_exp.train.optim import build_optimizer, build_scheduler
 from deepnorm_exp.train.trainer import Callback, Trainer
@@ -66,8 +66,8 @@ def test_attention_softcap_bounds_the_logits_and_forward_applies_it():
     torch.manual_seed(0)
     x, memory = torch.randn(2, 5, 16) * 5, torch.randn(2, 7, 16) * 5  # large inputs: logits well past the cap of 2
     for cap in (2.0, 1e9):
-        attention, cross = SelfAttention(16, 2, softcap=cap).eval(), CrossAttention(16, 2, softcap=cap).eval()
-        plain, plain_cross = SelfAttention(16, 2).eval(), CrossAttention(16, 2).eval()
+        attention, cross = SelfAttention(AttentionSettings(16, 2, softcap=cap)).eval(), CrossAttention(AttentionSettings(16, 2, softcap=cap)).eval()
+        plain, plain_cross = SelfAttention(AttentionSettings(16, 2)).eval(), CrossAttention(AttentionSettings(16, 2)).eval()
         plain.load_state_dict(attention.state_dict())
         plain_cross.load_state_dict(cross.state_dict())
         with torch.no_grad():

@@ -80,13 +80,13 @@ def test_the_paper_1000_layer_preset_builds_its_3_7b_parameter_model():
 def test_qk_norm_makes_the_attention_logits_independent_of_the_q_and_k_weights_scale(kind):
     """Scaling q's and k's weights and biases by 10 scales q k^T by 100 without QK-norm, and leaves it
     alone with it (up to the norm's epsilon); self- and cross-attention alike."""
-    from deepnorm_exp.models.layers import CrossAttention, SelfAttention
+    from deepnorm_exp.models.layers import AttentionSettings, CrossAttention, SelfAttention
 
     torch.manual_seed(0)
     x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
     for qk_norm in ("none", kind):
-        attention = SelfAttention(16, 2, qk_norm=qk_norm).eval()
-        cross = CrossAttention(16, 2, qk_norm=qk_norm).eval()
+        attention = SelfAttention(AttentionSettings(16, 2, qk_norm=qk_norm)).eval()
+        cross = CrossAttention(AttentionSettings(16, 2, qk_norm=qk_norm)).eval()
         with torch.no_grad():
             before = attention.attention_logits(x), cross.attention_logits(x, memory, None)
             attention.qkv.weight[:32] *= 10

@@ -48,13 +48,12 @@ def small_machine(monkeypatch, gib: float) -> None:
 
 def cpu_estimate(overrides):
     """The memory estimate the pre-flight makes for a CPU run of `overrides` (the estimate's own entry)."""
-    from deepnorm_exp.build import check_config, make_scheme, model_depths
+    from deepnorm_exp.build import check_config
     from deepnorm_exp.metrics import holds_weight_copy
     from deepnorm_exp.train.memory import estimate
 
-    cfg = deepnorm_exp.compose([*TINY_MODEL, "device=cpu", *overrides])
-    positions = check_config(cfg)
-    return estimate(cfg, make_scheme(cfg), model_depths(cfg), positions, holds_weight_copy(cfg.metrics))
+    checked = check_config(deepnorm_exp.compose([*TINY_MODEL, "device=cpu", *overrides]))
+    return estimate(checked.cfg, checked.scheme, checked.depths, checked.positions, holds_weight_copy(checked.cfg.metrics))
 
 
 # -- memory: the data ----------------------------------------------------------------------------------------

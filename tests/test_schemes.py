@@ -6,7 +6,7 @@ from torch import nn
 
 import deepnorm_exp
 from omegaconf import open_dict
-from deepnorm_exp.models.layers import FeedForward, SelfAttention
+from deepnorm_exp.models.layers import AttentionSettings, FeedForward, SelfAttention
 from deepnorm_exp.schemes import SCHEMES, build_scheme, register
 from deepnorm_exp.schemes.base import NormScheme
 from deepnorm_exp.schemes.pre import PreNormResidual
@@ -24,7 +24,7 @@ def x():
     return torch.randn(2, 5, 16)
 
 
-@pytest.mark.parametrize("sublayer_cls", [lambda: SelfAttention(16, 2, 0.0), lambda: FeedForward(16, 32, 0.0)])
+@pytest.mark.parametrize("sublayer_cls", [lambda: SelfAttention(AttentionSettings(16, 2)), lambda: FeedForward(16, 32, 0.0)])
 def test_deepnorm_sublayer_is_layer_norm_of_alpha_x_plus_g(x, sublayer_cls):
     scheme = build_scheme({"name": "deepnorm"}, {"decoder": 50}, 1e-5)
     block = scheme.wrap(sublayer_cls(), "decoder", 0)

@@ -8,11 +8,10 @@ half-way still closes what it opened (its sinks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ..build import build_model
 from ..data import TaskData, load_data
@@ -20,7 +19,6 @@ from ..errors import ConfigError
 from ..metrics import build_instruments
 from ..models import MODELS, count_params
 from ..runtime import Runtime
-from ..schemes import NormScheme
 from ..sinks import build_sinks
 from ..train import checkpoint
 from ..train.batches import RandomBatches
@@ -30,7 +28,8 @@ from ..train.numerics import autocast_dtype, loss_scaler
 from ..train.optim import build_optimizer, build_scheduler
 from ..train.parallel import Routed, wrap
 from ..train.throughput import Throughput, flops_per_token, peak_flops
-from ..train.trainer import Callback, Trainer, evaluate, to_device
+from ..train.trainer import Trainer, evaluate, to_device
+from .plan import RunPlan
 from .summary import is_trained, learned_fraction
 
 
@@ -38,6 +37,8 @@ from .summary import is_trained, learned_fraction
 class RunParts:
     """What a run trains with; the callbacks the summary reads after the loop are kept by name."""
 
+    started: float  # time.perf_counter() when the run began (its wall clock counts set-up)
+    parallel: str  # none, ddp or fsdp: train.parallel resolved for the processes there are
     sinks: list = field(default_factory=list)
     data: TaskData | None = None
     objective: torch.nn.Module | None = None
@@ -51,10 +52,10 @@ class RunParts:
     trainer: Trainer | None = None
 
 
-def assemble(parts: RunParts, cfg: DictConfig, runtime: Runtime, scheme: NormScheme, parallel: str,
-             out_dir: Path, name: str, summary: dict[str, Any], started: float, stop_reason: Callable,
-             progress: bool | None, callbacks: Sequence[Callback], positions: int) -> None:
-    """Fill `parts` for training `cfg`; the summary's data- and model-derived entries as they are known."""
+def assemble(parts: RunParts, plan: RunPlan, runtime: Runtime, summary: dict[str, Any],
+             stop_reason: Callable) -> None:
+    """Fill `parts` for training the plan; the summary's data- and model-derived entries as they are known."""
+    cfg, scheme, parallel, out_dir = plan.cfg, plan.scheme, parts.parallel, plan.directory
     device = runtime.device
     data = parts.data = load_data(cfg.data, cfg.paths.cache, MODELS.get(cfg.model.kind).task)
     if cfg.train.batch_size > data.train_size:
@@ -68,7 +69,7 @@ def assemble(parts: RunParts, cfg: DictConfig, runtime: Runtime, scheme: NormSch
     scheme.prepare(model, to_device({k: v[:cfg.train.batch_size] for k, v in data.train.items()}, device))
     if runtime.rank > 0:  # its own dropout masks for its share of the batch (rank 0 keeps the seed's stream)
         torch.manual_seed(cfg.seed + 1_000_003 * runtime.rank)
-    parts.sinks = build_sinks(cfg, out_dir, name) if runtime.is_main else []
+    parts.sinks = build_sinks(cfg, out_dir, plan.name) if runtime.is_main else []
     dtype = autocast_dtype(cfg.train.precision, device)
     if parallel == "fsdp":  # FSDP's mixed-precision policy casts the weights itself (fp32 reductions)
         objective, dtype = wrap(model, runtime, parallel, param_dtype=dtype, compile=cfg.train.compile,
@@ -79,7 +80,7 @@ def assemble(parts: RunParts, cfg: DictConfig, runtime: Runtime, scheme: NormSch
     parts.objective = objective
     parts.eval_loss = lambda: evaluate(objective, data.eval, cfg.train.batch_size, device, dtype)
     parts.metrics = ScalarMetrics(cfg.train.log_every)
-    summary["flops_per_token"] = flops_per_token(model, positions)
+    summary["flops_per_token"] = flops_per_token(model, plan.checked.positions)
     parts.throughput = Throughput(summary["flops_per_token"], peak_flops(device, cfg.train.peak_tflops),
                                   runtime.world_size)
     parts.evaluation = Evaluation(cfg.train.eval_every, parts.eval_loss)
@@ -89,7 +90,7 @@ def assemble(parts: RunParts, cfg: DictConfig, runtime: Runtime, scheme: NormSch
                                           cfg.train.min_loss_scale)
     instruments, blocks = build_instruments(cfg.metrics, cfg.train.log_every, model, data.eval, device,
                                             routed=Routed(objective))
-    parts.clock = WallClock(started)
+    parts.clock = WallClock(parts.started)
     checkpointer = checkpoint.Checkpointer(out_dir, cfg.train.ckpt_every, stop_reason,
                                            extra={"config": OmegaConf.to_container(cfg, resolve=True)})
     optimizer = build_optimizer(model, cfg.train, scheme)
@@ -103,6 +104,6 @@ def assemble(parts: RunParts, cfg: DictConfig, runtime: Runtime, scheme: NormSch
         # Gatherers first, then the divergence check (it keeps the last record), the bar, the flusher;
         # the checkpointer last, once every other callback's state is final for the step.
         callbacks=[parts.metrics, parts.throughput, parts.evaluation, parts.trained_at, *instruments, parts.divergence,
-                   ProgressBar(f"{cfg.norm.name} L{cfg.depth}", progress if runtime.is_main else False),
-                   RecordFlusher(parts.sinks, blocks.columns()), *callbacks, parts.clock, checkpointer],
+                   ProgressBar(f"{cfg.norm.name} L{cfg.depth}", plan.progress if runtime.is_main else False),
+                   RecordFlusher(parts.sinks, blocks.columns()), *plan.callbacks, parts.clock, checkpointer],
     )

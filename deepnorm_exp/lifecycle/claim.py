@@ -8,6 +8,7 @@ import copy
 import functools
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +25,31 @@ from .summary import has_ended, has_finished, summary_of
 
 log = logging.getLogger("deepnorm_exp")
 
-def plan_run(cfg: DictConfig, out_dir: Path, lock: FileLock) -> tuple:
-    """The main process's decision for a run directory, under its lock: ("train", resuming), ("skip",
-    summary) or ("error", the exception), so that every rank can act on it."""
+@dataclass(frozen=True)
+class Claim:
+    """What the main process decided for a run directory, sent to every rank: train it (resuming or from
+    step 0), skip it (with the summary to return), or fail with `error`."""
+
+    action: str  # "train", "skip" or "error"
+    resuming: bool = False
+    summary: dict | None = None
+    error: BaseException | None = None
+
+
+def claim_directory(cfg: DictConfig, out_dir: Path, lock: FileLock) -> Claim:
+    """The main process's decision for a run directory, under its lock, so that every rank can act on it."""
     try:
         if not lock.acquire(patience=1.0):
             log.warning("%s: another process is running it; leaving it to that one", out_dir)
-            return "skip", {"status": "skipped", "reason": "running in another process", "run_dir": str(out_dir)}
+            return Claim("skip", summary={"status": "skipped", "reason": "running in another process",
+                                          "run_dir": str(out_dir)})
         check_claim(out_dir, cfg)
         previous = summary_of(out_dir)
         if cfg.resume and has_ended(previous):
             log.info("%s: already %s, not run again (resume=false starts over)", out_dir, previous["status"])
             if not cfg.train.keep_checkpoint:  # a kill after the summary, before its checkpoint was removed
                 checkpoint.remove(out_dir)
-            return "skip", previous
+            return Claim("skip", summary=previous)
         for temporary in remove_temporaries(out_dir):  # a write that a kill interrupted
             log.info("removed %s, left by an interrupted write", temporary)
         resuming = cfg.resume and checkpoint.exists(out_dir)
@@ -45,9 +57,9 @@ def plan_run(cfg: DictConfig, out_dir: Path, lock: FileLock) -> tuple:
             for stale in RunDir.RECORDS:  # starting over: nothing of an earlier attempt survives
                 path = out_dir / stale
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        return "train", resuming
+        return Claim("train", resuming=resuming)
     except Exception as e:  # noqa: BLE001 - said on every rank
-        return "error", e
+        return Claim("error", error=e)
 
 
 def trained_config(container: dict) -> dict:

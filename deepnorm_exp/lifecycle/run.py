@@ -11,20 +11,18 @@ from typing import Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..build import check_config, check_runtime, make_scheme
 from ..errors import one_line
 from ..records import atomic_path, utc_now
 from ..rundir import RunDir
-from ..rundir import run_dir as make_run_dir
-from ..rundir import run_name as make_run_name
-from ..runtime import Runtime, close_runtime, init_runtime, launch_environment
+from ..runtime import Runtime, close_runtime, init_runtime
 from ..train import checkpoint
 from ..train.memory import GIB
 from ..train.numerics import deterministic_kernels, subnormals_flushed
 from ..train.parallel import Routed, one_process_note, resolve_parallel
 from ..train.trainer import Callback
 from .assemble import RunParts, assemble
-from .claim import check_same_training, plan_run
+from .claim import check_same_training, claim_directory
+from .plan import RunPlan, plan_run
 from .preemption import PreemptionGuard
 from .summary import format_summary, has_ended, is_trained, learned_fraction, new_summary, write_summary
 
@@ -40,56 +38,49 @@ def run_experiment(cfg: DictConfig, override_dirname: str = "", progress: bool |
     directory belongs to one trained config: resuming or re-using a run trained otherwise is refused.
     `callbacks`: extra observers (a notebook's, a benchmark's clock), run after the built-in ones.
     """
-    positions = check_config(cfg)
-    memory = check_runtime(cfg, positions, launch_environment()[1])
+    plan = plan_run(cfg, override_dirname, progress, callbacks)
     runtime = init_runtime(cfg.device)
     try:
-        return _run(cfg, runtime, override_dirname, progress, callbacks, memory, positions)
+        return _run(plan, runtime)
     finally:
         close_runtime(runtime)
 
 
-def _run(cfg: DictConfig, runtime: Runtime, override_dirname: str, progress: bool | None,
-         callbacks: Sequence[Callback], memory, positions) -> dict:
+def _run(plan: RunPlan, runtime: Runtime) -> dict:
     if not runtime.is_main:
         log.setLevel(logging.WARNING)  # the main process speaks for the run
-    name = make_run_name(cfg, override_dirname)
-    out_dir = make_run_dir(cfg, name)
+    cfg, out_dir = plan.cfg, plan.directory
     lock = RunDir(out_dir).lock()
     # The main process claims the run directory and decides; the other ranks of a distributed run follow.
-    plan = plan_run(cfg, out_dir, lock) if runtime.is_main else None
-    plan = runtime.broadcast(plan)
-    if plan[0] != "train":
+    claim = runtime.broadcast(claim_directory(cfg, out_dir, lock) if runtime.is_main else None)
+    if claim.action != "train":
         lock.release()
-        if plan[0] == "error":
-            raise plan[1]
-        return plan[1]
+        if claim.error is not None:
+            raise claim.error
+        return claim.summary
     guard = PreemptionGuard()
     try:
         if runtime.is_main:
             with atomic_path(RunDir(out_dir).config) as temporary:
                 OmegaConf.save(cfg, temporary, resolve=True)
         with guard, deterministic_kernels(cfg.train.deterministic), subnormals_flushed(cfg.train.flush_denormal):
-            summary = _train(cfg, runtime, name, out_dir, plan[1], progress, callbacks, guard, memory, positions)
+            summary = _train(plan, runtime, claim.resuming, guard)
     finally:
         lock.release()
     guard.forward()  # after the records are written: a preemption's signal goes on (submitit requeues)
     return summary
 
 
-def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming: bool,
-           progress: bool | None, callbacks: Sequence[Callback], guard: PreemptionGuard, memory,
-           positions: int) -> dict:
+def _train(plan: RunPlan, runtime: Runtime, resuming: bool, guard: PreemptionGuard) -> dict:
     """Assemble, fit, summarise; the summary is written however the run ends (failed, interrupted)."""
-    started, parts = time.perf_counter(), RunParts()
+    cfg, out_dir = plan.cfg, plan.directory
+    parts = RunParts(started=time.perf_counter(), parallel=resolve_parallel(cfg.train.parallel, runtime.world_size))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    scheme = make_scheme(cfg)
-    parallel = resolve_parallel(cfg.train.parallel, runtime.world_size)
-    summary = new_summary(cfg, name, out_dir, runtime, parallel, scheme.constants(), memory.total_bytes / GIB)
+    summary = new_summary(plan, runtime, parts.parallel)
     if runtime.is_main:
         log.info("%s L%d on %s%s: %s", cfg.norm.name, cfg.depth, runtime.device,
-                 f" x {runtime.world_size} ({parallel})" if runtime.distributed else "", memory.describe())
+                 f" x {runtime.world_size} ({parts.parallel})" if runtime.distributed else "", plan.memory.describe())
         if note := one_process_note(cfg.train.parallel, runtime.world_size):
             log.warning(note)
     try:
@@ -99,8 +90,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
             summary["resumed_from_step"] = state["step"]
             if runtime.is_main:
                 log.info("%s: resuming from step %d", out_dir, state["step"])
-        assemble(parts, cfg, runtime, scheme, parallel, out_dir, name, summary, started, guard.stop_reason,
-                 progress, callbacks, positions)
+        assemble(parts, plan, runtime, summary, guard.stop_reason)
         if state is not None:
             checkpoint.restore(parts.trainer, state)
             del state
@@ -113,7 +103,7 @@ def _train(cfg: DictConfig, runtime: Runtime, name: str, out_dir: Path, resuming
         summary["error"] = one_line(e)
         raise
     finally:
-        written = close_records(parts, runtime, out_dir, summary, started)
+        written = close_records(parts, runtime, out_dir, summary)
     # Last: the checkpoint outlives the summary and the sinks. A kill before this point (in the diagnosis,
     # which reads every layer file, or in W&B's finish) leaves a run without a summary, which the next
     # attempt resumes from here instead of training it again from step 0.
@@ -159,7 +149,7 @@ def summarise(parts: RunParts, cfg: DictConfig, runtime: Runtime, guard: Preempt
                                              cfg.train.batch_size, runtime.device)
 
 
-def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: dict, started: float) -> bool:
+def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: dict) -> bool:
     """The summary's last entries, then every sink closed with them, then summary.json (main process only):
     a run's summary is the last record it writes, so a run that has one has all of them (W&B's copy
     included; a kill before it and the next attempt resumes, finishing them). Whether summary.json was
@@ -167,7 +157,7 @@ def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: dic
     if parts.trainer is not None:
         summary["steps_completed"] = parts.trainer.step
     # Across resumes (WallClock), once the checkpoint's clock is restored; set-up alone before that.
-    summary["wall_s"] = parts.clock.elapsed() if parts.clock is not None else time.perf_counter() - started
+    summary["wall_s"] = parts.clock.elapsed() if parts.clock is not None else time.perf_counter() - parts.started
     summary["finished_at"] = utc_now()
     if runtime.is_main:
         if has_ended(summary):  # the records are on disk by now: the sinks write as they receive

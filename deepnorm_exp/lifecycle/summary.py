@@ -39,10 +39,11 @@ def is_trained(fraction: Optional[float]) -> bool:
     return fraction is not None and fraction >= TRAINED_FRACTION
 
 
-def new_summary(cfg: Any, name: str, out_dir: Path, runtime: Any, parallel: str, constants: dict,
-                memory_gib: float) -> dict:
-    """The summary of a run that has just started: every key summary.json has (docs/records.md), with what
-    is known before training and null for the rest; it says `failed` until the run says otherwise."""
+def new_summary(plan: Any, runtime: Any, parallel: str) -> dict:
+    """The summary of a run that has just started (`plan`: plan.RunPlan): every key summary.json has
+    (docs/records.md), with what is known before training and null for the rest; it says `failed` until the
+    run says otherwise."""
+    cfg = plan.cfg
     return {
         "status": "failed", "trained": None, "learned_fraction": None, "trained_at_step": None,
         "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": None,
@@ -50,10 +51,11 @@ def new_summary(cfg: Any, name: str, out_dir: Path, runtime: Any, parallel: str,
         "optimal_loss": None, "unigram_loss": None, "excess_loss": None,
         "diverged_at_step": None, "divergence_reason": None, "divergence": None, "diagnosis": None,
         "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
-        **constants, "params": None, "memory_estimate_gib": memory_gib,
+        **plan.scheme.constants(), "params": None, "memory_estimate_gib": plan.memory_gib,
         "tokens_per_s": None, "flops_per_token": None, "mfu": None, "peak_memory_gib": None, "wall_s": None,
         "started_at": utc_now(), "finished_at": None, "loss_scale": None, "skipped_steps": None,
-        "experiment": cfg.experiment_name, "run_name": name, "run_dir": str(out_dir), "device": str(runtime.device),
+        "experiment": cfg.experiment_name, "run_name": plan.name, "run_dir": str(plan.directory),
+        "device": str(runtime.device),
         "world_size": runtime.world_size, "parallel": parallel, "exact_match": None, "error": None,
     }
 

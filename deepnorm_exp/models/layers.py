@@ -10,6 +10,7 @@ apply `dropout` to the embeddings too.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -59,17 +60,40 @@ def _causal_mask(mask: torch.Tensor | None, seq: int, device: torch.device) -> t
     return causal if mask is None else mask & causal
 
 
-def _attend(q, k, v, mask: torch.Tensor | None, causal: bool, dropout: float, cap: float | None) -> torch.Tensor:
-    """softmax(logits) v: SDPA's fused kernel, or written out where the logits are soft-capped (`cap`), a
-    transform SDPA cannot apply between its product and its softmax."""
-    if cap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
-    if causal:
-        mask = _causal_mask(mask, q.shape[-2], q.device)
-    return F.dropout(_attention_logits(q, k, mask, cap).softmax(-1), dropout) @ v
+@dataclass(frozen=True)
+class AttentionSettings:
+    """What an attention sublayer is built with (`of`: from the `model` section)."""
+
+    d_model: int
+    n_heads: int
+    dropout: float = 0.0  # on the sublayer's output
+    attention_dropout: float = 0.0  # on the attention weights
+    qk_norm: str = "none"
+    eps: float = 1e-5  # of the q/k norms
+    softcap: float | None = None  # model.attn_softcap
+
+    @classmethod
+    def of(cls, cfg) -> "AttentionSettings":
+        """From the `model` section (ModelConfig)."""
+        return cls(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, cfg.qk_norm, cfg.norm_eps,
+                   cfg.attn_softcap)
 
 
-class SelfAttention(nn.Module):
+class Attends:
+    """softmax(logits) v for an attention module with `attention_dropout` and `softcap`: SDPA's fused kernel,
+    or written out where the logits are soft-capped, a transform SDPA cannot apply between its product and
+    its softmax."""
+
+    def attend(self, q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+        dropout = self.attention_dropout if self.training else 0.0
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
+        if causal:
+            mask = _causal_mask(mask, q.shape[-2], q.device)
+        return F.dropout(_attention_logits(q, k, mask, self.softcap).softmax(-1), dropout) @ v
+
+
+class SelfAttention(Attends, nn.Module):
     """Multi-head self-attention through `scaled_dot_product_attention`, causal or with a key mask.
 
     q, k and v live in one fused weight for speed (one matmul instead of three) but are initialised as
@@ -78,23 +102,22 @@ class SelfAttention(nn.Module):
 
     kind = "attention"
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0,
-                 causal: bool = True, qk_norm: str = "none", eps: float = 1e-5, softcap: float | None = None):
+    def __init__(self, settings: AttentionSettings, causal: bool = True):
         super().__init__()
-        self.d_model, self.n_heads, self.attention_dropout, self.causal = d_model, n_heads, attention_dropout, causal
-        self.softcap = softcap  # model.attn_softcap
-        self.q_norm, self.k_norm = qk_norms(qk_norm, d_model // n_heads, eps)
+        d_model, n_heads = settings.d_model, settings.n_heads
+        self.d_model, self.n_heads, self.attention_dropout, self.causal = d_model, n_heads, settings.attention_dropout, causal
+        self.softcap = settings.softcap
+        self.q_norm, self.k_norm = qk_norms(settings.qk_norm, d_model // n_heads, settings.eps)
         self.v_norm = nn.Identity()  # per head, on v: a scheme may set one (HybridNorm)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.inner_width, self.inner_norm = d_model, nn.Identity()  # before `out`: a scheme may set a norm (Sub-LN)
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(settings.dropout)
 
     @classmethod
     def of(cls, cfg, causal: bool = True) -> "SelfAttention":
         """From the `model` section (ModelConfig)."""
-        return cls(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, causal, cfg.qk_norm, cfg.norm_eps,
-                   cfg.attn_softcap)
+        return cls(AttentionSettings.of(cfg), causal)
 
     def projections(self):
         d = self.d_model
@@ -106,8 +129,7 @@ class SelfAttention(nn.Module):
         """`key_mask`: (batch, 1, 1, seq) bool, True where a key may be attended (non-causal use)."""
         batch, seq, d = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = _attend(self.q_norm(q), self.k_norm(k), self.v_norm(v), key_mask, self.causal,
-                    self.attention_dropout if self.training else 0.0, self.softcap)
+        y = self.attend(self.q_norm(q), self.k_norm(k), self.v_norm(v), key_mask, self.causal)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
     def attention_logits(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -123,28 +145,28 @@ class SelfAttention(nn.Module):
         return self.attention_logits(x, key_mask).softmax(-1)
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(Attends, nn.Module):
     """Decoder-to-encoder attention: queries from x, keys and values from the encoder's output."""
 
     kind = "cross_attention"
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, attention_dropout: float = 0.0,
-                 qk_norm: str = "none", eps: float = 1e-5, softcap: float | None = None):
+    def __init__(self, settings: AttentionSettings):
         super().__init__()
-        self.d_model, self.n_heads, self.attention_dropout, self.softcap = d_model, n_heads, attention_dropout, softcap
-        self.q_norm, self.k_norm = qk_norms(qk_norm, d_model // n_heads, eps)
+        d_model, n_heads = settings.d_model, settings.n_heads
+        self.d_model, self.n_heads, self.attention_dropout = d_model, n_heads, settings.attention_dropout
+        self.softcap = settings.softcap
+        self.q_norm, self.k_norm = qk_norms(settings.qk_norm, d_model // n_heads, settings.eps)
         self.v_norm = nn.Identity()
         self.q = nn.Linear(d_model, d_model)
         self.kv = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.inner_width, self.inner_norm = d_model, nn.Identity()
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(settings.dropout)
 
     @classmethod
     def of(cls, cfg) -> "CrossAttention":
         """From the `model` section (ModelConfig)."""
-        return cls(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_dropout, cfg.qk_norm, cfg.norm_eps,
-                   cfg.attn_softcap)
+        return cls(AttentionSettings.of(cfg))
 
     def projections(self):
         d = self.d_model
@@ -155,9 +177,8 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         k, v = self.kv(memory).chunk(2, dim=-1)
-        y = _attend(self.q_norm(_heads(self.q(x), self.n_heads)), self.k_norm(_heads(k, self.n_heads)),
-                    self.v_norm(_heads(v, self.n_heads)), memory_mask, False, self.attention_dropout if self.training else 0.0,
-                    self.softcap)
+        y = self.attend(self.q_norm(_heads(self.q(x), self.n_heads)), self.k_norm(_heads(k, self.n_heads)),
+                        self.v_norm(_heads(v, self.n_heads)), memory_mask, False)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
     def attention_logits(self, x: torch.Tensor, memory: torch.Tensor,

@@ -93,7 +93,7 @@ class DiskEstimate:
 
 def estimate(cfg: DictConfig, positions: int, model_shape: Shape, depths: dict[str, int]) -> DiskEstimate:
     """The records of a run of `cfg`, checked by build.check_config (`cfg.metrics` holds every key;
-    `positions`: what check_config returned, the probe's sequence length; `model_shape`: memory.shape's for
+    `positions`: build.CheckedConfig.positions, the probe's sequence length; `model_shape`: memory.shape's for
     the model's stacks, `depths`)."""
     train, metrics = cfg.train, cfg.metrics
     steps = int(train.steps)

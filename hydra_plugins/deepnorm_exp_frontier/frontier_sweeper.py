@@ -47,8 +47,11 @@ ConfigStore.instance().store(group="hydra/sweeper", name="frontier", node=Fronti
 
 
 class FrontierSweeper(Sweeper):
-    def __init__(self, params: Optional[Dict[str, str]], key: str, lr_min: float, lr_max: float,
-                 resolution: float, stable_if: str, max_batch_size: Optional[int] = None) -> None:
+    def __init__(self, **settings: Any) -> None:
+        """`settings`: the fields of FrontierSweeperConf (`hydra.sweeper.*`), as Hydra passes them."""
+        conf = FrontierSweeperConf(**settings)
+        params, key, lr_min, lr_max = conf.params, conf.key, conf.lr_min, conf.lr_max
+        resolution, stable_if, max_batch_size = conf.resolution, conf.stable_if, conf.max_batch_size
         if not 0 < lr_min < lr_max:
             raise ValueError(f"hydra.sweeper: need 0 < lr_min < lr_max, got {lr_min}, {lr_max}")
         if resolution <= 1:

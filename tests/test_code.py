@@ -1,0 +1,36 @@
+"""The shape of the code itself: no function takes more than MAX_PARAMETERS parameters (issue 41: a run was a
+chain of 7- to 13-parameter signatures; what travels together is a typed record: RunPlan, CheckedConfig,
+AttentionSettings)."""
+
+from __future__ import annotations
+
+import ast
+
+from conftest import REPO
+
+MAX_PARAMETERS = 6  # self and cls aside; *args and **kwargs count one each
+FOLDERS = ("deepnorm_exp", "hydra_plugins", "benchmarks")
+
+
+def parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = function.args
+    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg not in ("self", "cls")]
+    return names + [f"*{a.arg}" for a in (args.vararg,) if a] + [f"**{a.arg}" for a in (args.kwarg,) if a]
+
+
+def long_signatures(source: str, where: str) -> list[str]:
+    return [f"{where}:{node.lineno} {node.name} ({len(parameters(node))})" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(parameters(node)) > MAX_PARAMETERS]
+
+
+def test_no_function_takes_more_than_six_parameters():
+    found = [line for folder in FOLDERS for path in sorted((REPO / folder).rglob("*.py"))
+             for line in long_signatures(path.read_text(), str(path.relative_to(REPO)))]
+    assert found == []
+
+
+def test_the_count_sees_every_kind_of_parameter():
+    source = "def f(a, /, b, *c, d, e=1, **f): pass\nclass K:\n    def g(self, a, b, c, d, e, f): pass\n"
+    assert long_signatures(source, "x") == []
+    assert long_signatures(source.replace("**f", "g, **f"), "x") == ["x:1 f (7)"]
+    assert long_signatures(source.replace("e, f)", "e, f, g)"), "x") == ["x:3 g (7)"]
