@@ -64,9 +64,10 @@ gpu-study: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
-# Every test, the end-to-end CLI runs (marked slow) and the manual's strict build included.
+# Every test, the end-to-end CLI runs (marked slow) and the manual's strict build included; the 40 slowest are
+# listed at the end (what a faster tier would leave out).
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

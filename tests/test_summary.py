@@ -64,3 +64,38 @@ def test_a_run_has_ended_when_its_summary_says_completed_or_diverged():
     assert has_ended({"status": "completed"}) and has_ended({"status": "diverged"})
     for summary in (None, {}, {"status": "interrupted"}, {"status": "failed"}, {"status": "skipped"}, ["completed"]):
         assert not has_ended(summary), summary
+
+
+def test_the_typed_summary_writes_every_field_in_order_with_the_constants_in_place():
+    from deepnorm_exp.lifecycle.schema import RunSummary
+
+    summary = RunSummary(depth=6, constants={"alpha": {"decoder": 2.0}, "beta": {"decoder": 0.5}})
+    summary.update(status="completed", eval_loss=1.5)
+    record = summary.record()
+    keys = list(record)
+    assert keys.index("seed") + 1 == keys.index("alpha") and keys.index("beta") + 1 == keys.index("params")
+    assert "constants" not in record and record["status"] == "completed" and record["eval_loss"] == 1.5
+    assert keys[0] == "status" and keys[-1] == "error" and len(keys) == 44  # what new_summary's dict held
+    with pytest.raises(AttributeError):
+        summary.update(eval_los=1.0)  # a misspelt field is refused, never written as a new key
+    with pytest.raises(AttributeError):
+        summary.trained_at = 3
+
+
+def test_every_summary_field_is_read_by_a_rule_and_named_in_the_records_page():
+    """One list of the fields (RunSummary): the reader's rules come from it, and docs/records.md's table of
+    summary.json names exactly these keys."""
+    import re
+    from dataclasses import fields
+
+    from conftest import REPO
+    from deepnorm_exp.lifecycle.schema import CONSTANTS, SUMMARY, RunSummary
+
+    written = [f.name for f in fields(RunSummary) if f.name != "constants"] + list(CONSTANTS)
+    unread = {f.name for f in fields(RunSummary) if f.metadata["check"] is None} - {"constants"}
+    assert set(SUMMARY) == set(written) - unread and unread == {"divergence"}
+    page = (REPO / "docs" / "records.md").read_text()
+    table = page.split("## The summary (`summary.json`)")[1].split("\n\n**")[0]
+    documented = set(re.findall(r"`([a-z_]+)`", "\n".join(line.split(" | ")[0] for line in table.splitlines()
+                                                          if line.startswith("| `"))))
+    assert documented == set(written)

@@ -30,6 +30,7 @@ from ..train.parallel import Routed, wrap
 from ..train.throughput import Throughput, flops_per_token, peak_flops
 from ..train.trainer import Trainer, evaluate, to_device
 from .plan import RunPlan
+from .schema import RunSummary
 from .summary import is_trained, learned_fraction
 
 
@@ -52,7 +53,7 @@ class RunParts:
     trainer: Trainer | None = None
 
 
-def assemble(parts: RunParts, plan: RunPlan, runtime: Runtime, summary: dict[str, Any],
+def assemble(parts: RunParts, plan: RunPlan, runtime: Runtime, summary: RunSummary,
              stop_reason: Callable) -> None:
     """Fill `parts` for training the plan; the summary's data- and model-derived entries as they are known."""
     cfg, scheme, parallel, out_dir = plan.cfg, plan.scheme, parts.parallel, plan.directory
@@ -63,7 +64,7 @@ def assemble(parts: RunParts, plan: RunPlan, runtime: Runtime, summary: dict[str
     summary.update(optimal_loss=data.optimal_loss, unigram_loss=data.unigram_loss)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, scheme).to(device)
-    summary["params"] = count_params(model)
+    summary.params = count_params(model)
     # The scheme's pass before training (Admin's profiling), on the first rows; also when resuming, so the
     # model holds theta_0 exactly until the checkpoint is restored (the model update's reference).
     scheme.prepare(model, to_device({k: v[:cfg.train.batch_size] for k, v in data.train.items()}, device))
@@ -80,8 +81,8 @@ def assemble(parts: RunParts, plan: RunPlan, runtime: Runtime, summary: dict[str
     parts.objective = objective
     parts.eval_loss = lambda: evaluate(objective, data.eval, cfg.train.batch_size, device, dtype)
     parts.metrics = ScalarMetrics(cfg.train.log_every)
-    summary["flops_per_token"] = flops_per_token(model, plan.checked.positions)
-    parts.throughput = Throughput(summary["flops_per_token"], peak_flops(device, cfg.train.peak_tflops),
+    summary.flops_per_token = flops_per_token(model, plan.checked.positions)
+    parts.throughput = Throughput(summary.flops_per_token, peak_flops(device, cfg.train.peak_tflops),
                                   runtime.world_size)
     parts.evaluation = Evaluation(cfg.train.eval_every, parts.eval_loss)
     parts.trained_at = TrainedAt(lambda loss: is_trained(learned_fraction(loss, data.unigram_loss, data.optimal_loss)),

@@ -24,6 +24,7 @@ from .assemble import RunParts, assemble
 from .claim import check_same_training, claim_directory
 from .plan import RunPlan, plan_run
 from .preemption import PreemptionGuard
+from .schema import RunSummary
 from .summary import format_summary, has_ended, is_trained, learned_fraction, new_summary, write_summary
 
 log = logging.getLogger("deepnorm_exp")
@@ -87,7 +88,7 @@ def _train(plan: RunPlan, runtime: Runtime, resuming: bool, guard: PreemptionGua
         state = checkpoint.load_run(out_dir) if resuming else None
         if state is not None:
             check_same_training(state["config"], cfg, out_dir)
-            summary["resumed_from_step"] = state["step"]
+            summary.resumed_from_step = state["step"]
             if runtime.is_main:
                 log.info("%s: resuming from step %d", out_dir, state["step"])
         assemble(parts, plan, runtime, summary, guard.stop_reason)
@@ -100,19 +101,20 @@ def _train(plan: RunPlan, runtime: Runtime, resuming: bool, guard: PreemptionGua
         summary.update(status="interrupted", error="interrupted by SIGINT before a checkpoint")
         raise
     except BaseException as e:
-        summary["error"] = one_line(e)
+        summary.error = one_line(e)
         raise
     finally:
         written = close_records(parts, runtime, out_dir, summary)
     # Last: the checkpoint outlives the summary and the sinks. A kill before this point (in the diagnosis,
     # which reads every layer file, or in W&B's finish) leaves a run without a summary, which the next
     # attempt resumes from here instead of training it again from step 0.
-    if written and has_ended(summary) and not cfg.train.keep_checkpoint:
+    record = summary.record()
+    if written and has_ended(record) and not cfg.train.keep_checkpoint:
         checkpoint.remove(out_dir)  # finished: nothing left to resume
-    return summary
+    return record
 
 
-def summarise(parts: RunParts, cfg: DictConfig, runtime: Runtime, guard: PreemptionGuard, summary: dict) -> None:
+def summarise(parts: RunParts, cfg: DictConfig, runtime: Runtime, guard: PreemptionGuard, summary: RunSummary) -> None:
     """What the loop ended with, into the summary: interrupted (no evaluation: a preempted job has seconds
     left; the resumed run finishes it), else the final evaluation, and completed or diverged."""
     trainer, metrics, evaluation, divergence, data = (parts.trainer, parts.metrics, parts.evaluation,
@@ -120,7 +122,7 @@ def summarise(parts: RunParts, cfg: DictConfig, runtime: Runtime, guard: Preempt
     summary.update(initial_eval_loss=evaluation.initial, final_loss=metrics.last_loss,
                    tokens_per_s=metrics.mean_tokens_per_s, mfu=parts.throughput.mfu(metrics.mean_tokens_per_s))
     if runtime.device.type == "cuda":  # what the allocator held at most (this process's device)
-        summary["peak_memory_gib"] = torch.cuda.max_memory_allocated(runtime.device) / GIB
+        summary.peak_memory_gib = torch.cuda.max_memory_allocated(runtime.device) / GIB
     if trainer.scaler is not None:
         summary.update(loss_scale=trainer.scaler.get_scale(), skipped_steps=metrics.skipped_steps)
     # Agreed: a rank without the signal must not go on to evaluate (a collective) while the others return.
@@ -134,43 +136,44 @@ def summarise(parts: RunParts, cfg: DictConfig, runtime: Runtime, guard: Preempt
     summary.update(eval_loss=evaluation.last, eval_step=trainer.step,
                    eval_weights=divergence.weights_evaluated(trainer.step))
     if data.optimal_loss is not None and math.isfinite(evaluation.last):
-        summary["excess_loss"] = evaluation.last - data.optimal_loss
+        summary.excess_loss = evaluation.last - data.optimal_loss
     fraction = learned_fraction(evaluation.last, data.unigram_loss, data.optimal_loss)
     summary.update(learned_fraction=fraction, trained=is_trained(fraction), trained_at_step=parts.trained_at.step)
     if divergence.event is not None:
         summary.update(status="diverged", diverged_at_step=divergence.event["step"],
                        divergence_reason=divergence.event["reason"], divergence=divergence.event)
     else:
-        summary["status"] = "completed"
+        summary.status = "completed"
     if data.task == "translation":
         from ..metrics.exact_match import exact_match
 
-        summary["exact_match"] = exact_match(Routed(parts.objective), data, cfg.data.eval_decode,
+        summary.exact_match = exact_match(Routed(parts.objective), data, cfg.data.eval_decode,
                                              cfg.train.batch_size, runtime.device)
 
 
-def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: dict) -> bool:
+def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: RunSummary) -> bool:
     """The summary's last entries, then every sink closed with them, then summary.json (main process only):
     a run's summary is the last record it writes, so a run that has one has all of them (W&B's copy
     included; a kill before it and the next attempt resumes, finishing them). Whether summary.json was
     written (False on the other ranks)."""
     if parts.trainer is not None:
-        summary["steps_completed"] = parts.trainer.step
+        summary.steps_completed = parts.trainer.step
     # Across resumes (WallClock), once the checkpoint's clock is restored; set-up alone before that.
-    summary["wall_s"] = parts.clock.elapsed() if parts.clock is not None else time.perf_counter() - parts.started
-    summary["finished_at"] = utc_now()
+    summary.wall_s = parts.clock.elapsed() if parts.clock is not None else time.perf_counter() - parts.started
+    summary.finished_at = utc_now()
     if runtime.is_main:
-        if has_ended(summary):  # the records are on disk by now: the sinks write as they receive
+        if has_ended(summary.record()):  # the records are on disk by now: the sinks write as they receive
             from .diagnosis import diagnose_run_dir  # pandas: only once training is over
 
-            summary["diagnosis"] = diagnose_run_dir(out_dir, summary)
+            summary.diagnosis = diagnose_run_dir(out_dir, summary.record())
+        record = summary.record()
         for sink in parts.sinks:
-            sink.finish(summary)
+            sink.finish(record)
         try:
-            write_summary(RunDir(out_dir).summary, summary)
+            write_summary(RunDir(out_dir).summary, record)
         except OSError as e:  # a full disk: say so, and let the run's own error be the one raised
             log.error("could not write %s: %s", RunDir(out_dir).summary, one_line(e))
             return False
-        log.info(format_summary(summary))
+        log.info(format_summary(record))
         return True
     return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
 # The names that are shown on pages and joined into file paths: a run's directory name (rundir.py writes
@@ -95,20 +96,86 @@ def _diagnosis(value: Any) -> Optional[str]:
     return _finding(value) or fields_problem(value, {"also": list_of(_finding), "not_measured": list_of(text_problem)})
 
 
-LOSSES = ("final_loss", "eval_loss", "excess_loss", "learned_fraction")  # non-finite where a run diverged
-SUMMARY: dict[str, Check] = {
-    "status": _status, "run_name": name_problem, "norm": name_problem, "model": name_problem, "device": name_problem, "parallel": name_problem,
-    "experiment": text_problem, "run_dir": text_problem, "error": text_problem, "eval_weights": text_problem, "divergence_reason": text_problem,
-    "depth": integer(1), "seed": integer(-2**63), "steps": integer(), "steps_completed": integer(),
-    "eval_step": integer(), "resumed_from_step": integer(), "trained_at_step": integer(), "diverged_at_step": integer(),
-    "params": integer(), "world_size": integer(1), "skipped_steps": integer(),
-    "initial_eval_loss": number(finite=False), "optimal_loss": number(0.0), "unigram_loss": number(0.0),
-    "wall_s": number(0.0), "tokens_per_s": number(0.0), "flops_per_token": number(0.0), "mfu": number(0.0),
-    "memory_estimate_gib": number(0.0), "peak_memory_gib": number(0.0), "loss_scale": number(0.0),
-    "exact_match": number(0.0), "trained": boolean_problem, "started_at": timestamp_problem, "finished_at": timestamp_problem,
-    "alpha": _per_stack, "beta": _per_stack, "diagnosis": _diagnosis,
-    **{key: number(finite=False) for key in LOSSES},
-}
+def read_by(check: Check | None, default: Any = None) -> Any:
+    """A summary field whose value a reader accepts where `check` finds no problem (None: never read back)."""
+    return field(default=default, metadata={"check": check})
+
+
+LOSS = number(finite=False)  # non-finite where a run diverged
+COUNT = integer()
+AMOUNT = number(0.0)
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """summary.json: every field a run's summary has, in the order it is written (docs/records.md says what
+    each means), with the rule a reader checks it by. A run fills it in as it goes (slots: a misspelt
+    field is an error, not a new key); `record()` is what is written."""
+
+    status: str = read_by(_status, "failed")  # until the run says otherwise
+    trained: Optional[bool] = read_by(boolean_problem)
+    learned_fraction: Optional[float] = read_by(LOSS)
+    trained_at_step: Optional[int] = read_by(COUNT)
+    steps: Optional[int] = read_by(COUNT)
+    steps_completed: int = read_by(COUNT, 0)
+    resumed_from_step: Optional[int] = read_by(COUNT)
+    final_loss: Optional[float] = read_by(LOSS)
+    eval_loss: Optional[float] = read_by(LOSS)
+    eval_step: Optional[int] = read_by(COUNT)
+    eval_weights: Optional[str] = read_by(text_problem)
+    initial_eval_loss: Optional[float] = read_by(LOSS)
+    optimal_loss: Optional[float] = read_by(AMOUNT)
+    unigram_loss: Optional[float] = read_by(AMOUNT)
+    excess_loss: Optional[float] = read_by(LOSS)
+    diverged_at_step: Optional[int] = read_by(COUNT)
+    divergence_reason: Optional[str] = read_by(text_problem)
+    divergence: Optional[dict] = read_by(None)  # the event as events.jsonl has it
+    diagnosis: Optional[dict] = read_by(_diagnosis)
+    norm: Optional[str] = read_by(name_problem)
+    model: Optional[str] = read_by(name_problem)
+    depth: Optional[int] = read_by(integer(1))
+    seed: Optional[int] = read_by(integer(-2**63))
+    constants: dict = field(default_factory=dict, metadata={"check": None})  # the scheme's: written as its own keys
+    params: Optional[int] = read_by(COUNT)
+    memory_estimate_gib: Optional[float] = read_by(AMOUNT)
+    tokens_per_s: Optional[float] = read_by(AMOUNT)
+    flops_per_token: Optional[float] = read_by(AMOUNT)
+    mfu: Optional[float] = read_by(AMOUNT)
+    peak_memory_gib: Optional[float] = read_by(AMOUNT)
+    wall_s: Optional[float] = read_by(AMOUNT)
+    started_at: Optional[str] = read_by(timestamp_problem)
+    finished_at: Optional[str] = read_by(timestamp_problem)
+    loss_scale: Optional[float] = read_by(AMOUNT)
+    skipped_steps: Optional[int] = read_by(COUNT)
+    experiment: Optional[str] = read_by(text_problem)
+    run_name: Optional[str] = read_by(name_problem)
+    run_dir: Optional[str] = read_by(text_problem)
+    device: Optional[str] = read_by(name_problem)
+    world_size: Optional[int] = read_by(integer(1))
+    parallel: Optional[str] = read_by(name_problem)
+    exact_match: Optional[float] = read_by(AMOUNT)
+    error: Optional[str] = read_by(text_problem)
+
+    def update(self, **values: Any) -> None:
+        for key, value in values.items():
+            setattr(self, key, value)
+
+    def record(self) -> dict:
+        """The summary as summary.json holds it: the fields in order, the scheme's constants (alpha and beta,
+        per stack) in place of `constants`."""
+        out: dict = {}
+        for item in fields(self):
+            if item.name == "constants":
+                out.update(self.constants)
+            else:
+                out[item.name] = getattr(self, item.name)
+        return out
+
+
+CONSTANTS: dict[str, Check] = {"alpha": _per_stack, "beta": _per_stack}  # NormScheme.constants()' keys
+LOSSES = ("final_loss", "eval_loss", "excess_loss", "learned_fraction")  # finite in a completed run (the first two)
+SUMMARY: dict[str, Check] = {item.name: item.metadata["check"] for item in fields(RunSummary)
+                             if item.metadata["check"] is not None} | CONSTANTS
 REQUIRED = ("run_name", "norm", "depth", "status")  # what no table of runs can do without
 
 # The config keys the analysis reads (a config lacking one is read as not saying)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from ..records import read_json, utc_now, write_json
 from ..rundir import RunDir
-from .schema import REQUIRED, summary_problem
+from .schema import REQUIRED, RunSummary, summary_problem
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -39,25 +39,14 @@ def is_trained(fraction: Optional[float]) -> bool:
     return fraction is not None and fraction >= TRAINED_FRACTION
 
 
-def new_summary(plan: Any, runtime: Any, parallel: str) -> dict:
-    """The summary of a run that has just started (`plan`: plan.RunPlan): every key summary.json has
-    (docs/records.md), with what is known before training and null for the rest; it says `failed` until the
-    run says otherwise."""
+def new_summary(plan: Any, runtime: Any, parallel: str) -> RunSummary:
+    """The summary of a run that has just started (`plan`: plan.RunPlan): what is known before training,
+    null for the rest; it says `failed` until the run says otherwise."""
     cfg = plan.cfg
-    return {
-        "status": "failed", "trained": None, "learned_fraction": None, "trained_at_step": None,
-        "steps": cfg.train.steps, "steps_completed": 0, "resumed_from_step": None,
-        "final_loss": None, "eval_loss": None, "eval_step": None, "eval_weights": None, "initial_eval_loss": None,
-        "optimal_loss": None, "unigram_loss": None, "excess_loss": None,
-        "diverged_at_step": None, "divergence_reason": None, "divergence": None, "diagnosis": None,
-        "norm": cfg.norm.name, "model": cfg.model.kind, "depth": cfg.depth, "seed": cfg.seed,
-        **plan.scheme.constants(), "params": None, "memory_estimate_gib": plan.memory_gib,
-        "tokens_per_s": None, "flops_per_token": None, "mfu": None, "peak_memory_gib": None, "wall_s": None,
-        "started_at": utc_now(), "finished_at": None, "loss_scale": None, "skipped_steps": None,
-        "experiment": cfg.experiment_name, "run_name": plan.name, "run_dir": str(plan.directory),
-        "device": str(runtime.device),
-        "world_size": runtime.world_size, "parallel": parallel, "exact_match": None, "error": None,
-    }
+    return RunSummary(steps=cfg.train.steps, norm=cfg.norm.name, model=cfg.model.kind, depth=cfg.depth, seed=cfg.seed,
+                      constants=plan.scheme.constants(), memory_estimate_gib=plan.memory_gib, started_at=utc_now(),
+                      experiment=cfg.experiment_name, run_name=plan.name, run_dir=str(plan.directory),
+                      device=str(runtime.device), world_size=runtime.world_size, parallel=parallel)
 
 
 def write_summary(path: Path, summary: dict) -> None:
