@@ -11,7 +11,7 @@ import importlib.util
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple, Optional, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -57,12 +57,21 @@ def package_dir(name: str) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))).resolve())
 
 
-RULES = {  # what a value must be beyond its type, and the words a refusal says
-    "positive_int": (lambda v: v > 0, "must be a positive integer"),
-    "positive": (lambda v: math.isfinite(v) and v > 0, "must be a positive finite number"),
-    "non_negative": (lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"),
-    "fraction": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "above_zero": (lambda v: v > 0, "must be > 0"),  # infinity too: grad_clip=inf clips nothing
+class Rule(NamedTuple):
+    """What a value must be beyond its type, and the words a refusal says."""
+
+    holds: Callable[[Any], bool]
+    words: str
+
+
+RULES = {  # the rules several keys share, by name; a key with its own words gives `check=Rule(...)`
+    "positive_int": Rule(lambda v: v > 0, "must be a positive integer"),
+    "positive": Rule(lambda v: math.isfinite(v) and v > 0, "must be a positive finite number"),
+    "positive_number": Rule(lambda v: math.isfinite(v) and v > 0, "must be a positive number"),
+    "non_negative": Rule(lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"),
+    "fraction": Rule(lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "above_zero": Rule(lambda v: v > 0, "must be > 0"),  # infinity too: grad_clip=inf clips nothing
+    "finite": Rule(math.isfinite, "must be a finite number"),
 }
 
 
@@ -70,8 +79,8 @@ def setting(default: Any = MISSING, *, factory: Any = None, **rule: Any) -> Any:
     """A schema field and its rule, kept in the field's metadata, the one place a key's facts live (its
     meaning is the comment on its line, which docs/configuration.md prints):
 
-    * `choices=(...)`: the values it takes; `check=`: a RULES name; `null="..."`: null is allowed, and means
-      that (the refusal says so);
+    * `choices=(...)`: the values it takes; `check=`: a RULES name, or a Rule of its own; `null="..."`: null
+      is allowed, and means that (the refusal says so);
     * `trained=False`: changing it does not change what is trained (how often a run is observed or saved,
       where its files go, how one computation is laid out), so run names leave it out and a resume ignores
       it; on the root config, `trained=None`: neither (named in the run's directory, or read through
@@ -80,8 +89,9 @@ def setting(default: Any = MISSING, *, factory: Any = None, **rule: Any) -> Any:
       default (the behaviour those runs had), so the resume check never takes such a run as trained with it.
     """
     unknown = set(rule) - {"choices", "check", "null", "trained", "absent"}
-    if unknown or rule.get("check", "positive") not in RULES:
-        raise TypeError(f"setting: unknown rule {sorted(unknown) or rule['check']}")
+    check = rule.get("check", "positive")
+    if unknown or not (isinstance(check, Rule) or check in RULES):
+        raise TypeError(f"setting: unknown rule {sorted(unknown) or check}")
     if factory is not None:
         return field(default_factory=factory, metadata=rule)
     return field(default=default, metadata=rule)
@@ -107,7 +117,7 @@ def check_rules(schema: type, cfg: DictConfig, prefix: str = "") -> None:
         if rule.get("choices"):
             require_choice(prefix + key, value, rule["choices"])
         if "check" in rule:
-            holds, words = RULES[rule["check"]]
+            holds, words = rule["check"] if isinstance(rule["check"], Rule) else RULES[rule["check"]]
             if not holds(value):
                 raise ConfigError(prefix + key, value, words + (f", or null for {rule['null']}" if "null" in rule
                                                                 else ""))

@@ -22,27 +22,24 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import ConfigError
+from ..config import Rule, setting
 from . import register
 from .base import NormedConfig
 from .branch import BranchScaledResidual
 from .pre import PreNorm
 
 
+DEPTH_ALPHA = Rule(lambda v: 0.5 <= v <= 1.0, "must lie in [0.5, 1] (1: CompleteP, 0.5: depth-muP)")
+
+
 @dataclass
 class CompletePConfig(NormedConfig):
     name: str = "completep"
-    depth_alpha: float = 1.0  # the branch multiplier is (L / base_depth)^-depth_alpha; 1: CompleteP, 0.5: depth-muP
-    base_depth: int = 1  # L_base: the depth the learning rate was tuned at
+    depth_alpha: float = setting(1.0, check=DEPTH_ALPHA)  # the branch multiplier is (L / base_depth)^-depth_alpha; 1: CompleteP, 0.5: depth-muP
+    base_depth: int = setting(1, check="positive_int")  # L_base: the depth the learning rate was tuned at
     lr_rule: bool = True  # residual blocks' learning rate x (L / base_depth)^(depth_alpha - 1)
     eps_rule: bool = True  # residual blocks' Adam epsilon x (L / base_depth)^-depth_alpha
 
-    def __post_init__(self):
-        super().__post_init__()
-        if not 0.5 <= self.depth_alpha <= 1.0:
-            raise ConfigError("depth_alpha", self.depth_alpha, "must lie in [0.5, 1] (1: CompleteP, 0.5: depth-muP)")
-        if self.base_depth <= 0:
-            raise ConfigError("base_depth", self.base_depth, "must be a positive integer")
 
 
 @register("completep")

@@ -41,15 +41,9 @@ class DeepNormConfig(NormedConfig):
     name: str = "deepnorm"
     # paper (Table 1, Xavier-normal draws) | torchscale (the official code's) | glm130b
     constants: str = setting("paper", choices=PRESETS)
-    alpha: Optional[float] = None  # a number overrides the preset's alpha for every stack
-    beta: Optional[float] = None  # a number overrides the preset's beta for every stack
+    alpha: Optional[float] = setting(None, check="positive_number", null="the preset")  # a number overrides the preset's alpha for every stack
+    beta: Optional[float] = setting(None, check="positive_number", null="the preset")  # a number overrides the preset's beta for every stack
 
-    def __post_init__(self):
-        super().__post_init__()
-        for key in ("alpha", "beta"):
-            value = getattr(self, key)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ConfigError(key, value, "must be a positive number, or null for the preset")
 
 
 def deepnorm_constants(depths: dict[str, int], stack: str, preset: str = "paper") -> tuple[float, float]:

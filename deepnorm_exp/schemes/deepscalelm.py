@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import setting
+from ..config import Rule, setting
 from ..errors import ConfigError
 from . import register
 from .base import Sublayer
@@ -61,20 +61,20 @@ from .post_or_pre import PostOrPre, PostOrPreConfig
 ACTIVATION_SECOND_MOMENT = {"gelu": 0.4252, "swiglu": 0.3558}
 
 
+POSITIVE_K = Rule(lambda v: math.isfinite(v) and v > 0, "must be a positive number (beta^2 = k / N)")
+CORRELATION = Rule(lambda v: 0 < v <= 1, "must lie in (0, 1]")
+
+
 @dataclass
 class DeepScaleLMConfig(PostOrPreConfig):
     name: str = "deepscalelm"
-    k: float = 2.0  # beta^2 = k / N, N the stack's residual adds
-    token_correlation: float = 1.0  # r, the correlation of the tokens attention averages (v and out draws)
+    k: float = setting(2.0, check=POSITIVE_K)  # beta^2 = k / N, N the stack's residual adds
+    token_correlation: float = setting(1.0, check=CORRELATION)  # r, the correlation of the tokens attention averages (v and out draws)
     # base=post: a LayerNorm on the embedding before block 0, as the official code
     embedding_norm: bool = setting(False, absent=False)
 
     def __post_init__(self):
         super().__post_init__()
-        if not (math.isfinite(self.k) and self.k > 0):
-            raise ConfigError("k", self.k, "must be a positive number (beta^2 = k / N)")
-        if not 0 < self.token_correlation <= 1:
-            raise ConfigError("token_correlation", self.token_correlation, "must lie in (0, 1]")
         if self.embedding_norm and self.base != "post":
             raise ConfigError("embedding_norm", self.embedding_norm, "only with norm.base=post (the official Post-LN's)")
 

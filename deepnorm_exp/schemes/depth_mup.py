@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import setting
 from . import register
-from .completep import CompleteP, CompletePConfig
+from .completep import DEPTH_ALPHA, CompleteP, CompletePConfig
 
 
 @dataclass
 class DepthMuPConfig(CompletePConfig):
     name: str = "depth_mup"
-    depth_alpha: float = 0.5  # the branch multiplier is (L / base_depth)^-depth_alpha
+    depth_alpha: float = setting(0.5, check=DEPTH_ALPHA)  # the branch multiplier is (L / base_depth)^-depth_alpha
 
 
 @register("depth_mup")

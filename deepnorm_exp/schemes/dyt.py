@@ -22,24 +22,22 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..config import Rule, setting
 from . import register
 from .base import SchemeConfig
 from .pre import PreNorm, PreNormResidual
 
 
+SLOPE = Rule(lambda v: v > 0, "must be a positive number (the tanh's initial slope)")
+
+
 @dataclass
 class DyTConfig(SchemeConfig):
-    alpha_attn: float = 0.5  # alpha_0 of the DyT before each attention (self and cross)
-    alpha_ffn: float = 0.5  # alpha_0 of the DyT before each FFN
-    alpha_final: float = 0.5  # alpha_0 of the DyT on each stack's output
+    alpha_attn: float = setting(0.5, check=SLOPE)  # alpha_0 of the DyT before each attention (self and cross)
+    alpha_ffn: float = setting(0.5, check=SLOPE)  # alpha_0 of the DyT before each FFN
+    alpha_final: float = setting(0.5, check=SLOPE)  # alpha_0 of the DyT on each stack's output
     bias: bool = True  # the official module's bias; false: the LLaMA experiments' form
 
-    def __post_init__(self):
-        for key in ("alpha_attn", "alpha_ffn", "alpha_final"):
-            if not getattr(self, key) > 0:
-                from ..errors import ConfigError
-
-                raise ConfigError(key, getattr(self, key), "must be a positive number (the tanh's initial slope)")
 
 
 class DynamicTanh(nn.Module):

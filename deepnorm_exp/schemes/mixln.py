@@ -18,25 +18,23 @@ from typing import Optional
 
 from torch import nn
 
-from ..errors import ConfigError
+from ..config import Rule, setting
 from . import register
 from .base import NormedConfig, NormScheme
 from .post import PostNormResidual
 from .pre import PreNormResidual
 
 
+AT_LEAST_ZERO = Rule(lambda v: v >= 0, "must be >= 0")
+SHARE = Rule(lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
+
+
 @dataclass
 class MixLNConfig(NormedConfig):
     name: str = "mixln"
-    post_layers: Optional[int] = None  # Post-LN layers at the bottom of each stack (null: post_fraction of it)
-    post_fraction: float = 0.25  # the share of each stack in Post-LN when post_layers is null
+    post_layers: Optional[int] = setting(None, check=AT_LEAST_ZERO, null="post_fraction")  # Post-LN layers at the bottom of each stack (null: post_fraction of it)
+    post_fraction: float = setting(0.25, check=SHARE)  # the share of each stack in Post-LN when post_layers is null
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.post_layers is not None and self.post_layers < 0:
-            raise ConfigError("post_layers", self.post_layers, "must be >= 0, or null for post_fraction")
-        if not 0.0 <= self.post_fraction <= 1.0:
-            raise ConfigError("post_fraction", self.post_fraction, "must be in [0, 1]")
 
 
 @register("mixln")

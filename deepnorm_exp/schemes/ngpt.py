@@ -26,14 +26,13 @@ whole rows and columns of matrices FSDP2 shards; one process and DDP are fine.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..config import setting
 from . import register
 from .base import NormScheme, SchemeConfig, Sublayer
 
@@ -44,11 +43,8 @@ COLUMN_ROLES = frozenset({"out", "fc2"})  # (d_model, in) matrices: each column 
 @dataclass
 class NGPTConfig(SchemeConfig):
     name: str = "ngpt"
-    alpha_init: float = 0.05  # the eigen learning rates alpha_A, alpha_M at init (official: 0.05)
+    alpha_init: float = setting(0.05, check="positive_number")  # the eigen learning rates alpha_A, alpha_M at init (official: 0.05)
 
-    def __post_init__(self):
-        if not (math.isfinite(self.alpha_init) and self.alpha_init > 0):
-            raise ConfigError("alpha_init", self.alpha_init, "must be a positive number")
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:

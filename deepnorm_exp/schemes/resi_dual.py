@@ -18,14 +18,13 @@ is 1e-7 there, `model.norm_eps` here; its output weight on a_M (`alpha`, 1 in ev
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..config import setting
 from . import register
 from .base import NormedConfig, NormScheme
 
@@ -33,12 +32,8 @@ from .base import NormedConfig, NormScheme
 @dataclass
 class ResiDualConfig(NormedConfig):
     name: str = "resi_dual"
-    dual_scale: float = 1.0  # s: the accumulating stream carries s e + s sum h_i (official fp16 run: 0.05)
+    dual_scale: float = setting(1.0, check="positive_number")  # s: the accumulating stream carries s e + s sum h_i (official fp16 run: 0.05)
 
-    def __post_init__(self):
-        super().__post_init__()
-        if not (math.isfinite(self.dual_scale) and self.dual_scale > 0):
-            raise ConfigError("dual_scale", self.dual_scale, "must be a positive number")
 
 
 class DualStreamEntry(nn.Module):

@@ -9,12 +9,11 @@ the issue that added it asked, and tested against that formula (tests/test_zoo.p
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import ConfigError
+from ..config import setting
 from . import register
 from .base import NormedConfig
 from .branch import BranchScaledResidual
@@ -24,12 +23,8 @@ from .pre import PreNorm
 @dataclass
 class SkipInitConfig(NormedConfig):
     name: str = "skipinit"
-    branch_init: float = 0.0  # a_l at init
+    branch_init: float = setting(0.0, check="finite")  # a_l at init
 
-    def __post_init__(self):
-        super().__post_init__()
-        if not math.isfinite(self.branch_init):
-            raise ConfigError("branch_init", self.branch_init, "must be a finite number")
 
 
 @register("skipinit")
