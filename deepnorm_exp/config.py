@@ -70,6 +70,7 @@ RULES = {  # the rules several keys share, by name; a key with its own words giv
     "positive_number": Rule(lambda v: math.isfinite(v) and v > 0, "must be a positive number"),
     "non_negative": Rule(lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"),
     "fraction": Rule(lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "unit_interval": Rule(lambda v: 0 <= v <= 1, "must be in [0, 1]"),
     "above_zero": Rule(lambda v: v > 0, "must be > 0"),  # infinity too: grad_clip=inf clips nothing
     "finite": Rule(math.isfinite, "must be a finite number"),
 }

@@ -455,11 +455,12 @@ def test_a_flat_loss_has_no_spikes_and_the_keys_are_checked():
     from deepnorm_exp.metrics.spikes import is_spike
 
     assert is_spike(5.0, [1.0] * 10, 6.0)[0] is False  # zero deviation: no scale to be far on
-    MetricsConfig = metrics_schema()
-    with pytest.raises(ConfigError, match="spike_window"):
-        MetricsConfig(spike_window=2)
-    with pytest.raises(ConfigError, match="spike_k"):
-        MetricsConfig(spike_k=0.0)
+    from deepnorm_exp.metrics import parse_metrics
+
+    with pytest.raises(ConfigError, match=r"^metrics.spike_window=2 is invalid: must be >= 3"):
+        parse_metrics({"spike_window": 2})
+    with pytest.raises(ConfigError, match=r"^metrics.spike_k=0.0 is invalid: must be > 0"):
+        parse_metrics({"spike_k": 0.0})
 
 
 # --- no effect on training, records on disk ----------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..config import setting
 from ..errors import ConfigError
 from . import TaskData, register, unigram_loss
 from .hub import load_hub
@@ -36,18 +37,15 @@ class HubTranslationConfig:
     target_lang: str = "en"  # key of the target side
     train_split: str = "train"  # the split trained on
     eval_split: str = "validation"  # the held-out split
-    max_len: int = 128  # bytes per side
+    max_len: int = setting(128, check="positive_int")  # bytes per side
     max_train_pairs: Optional[int] = None  # the first n training pairs (None: all)
-    max_eval_pairs: int = 512  # held-out pairs evaluated
-    eval_decode: int = 64  # held-out pairs decoded greedily for exact-match accuracy
+    max_eval_pairs: int = setting(512, check="positive_int")  # held-out pairs evaluated
+    eval_decode: int = setting(64, check="positive_int")  # held-out pairs decoded greedily for exact-match accuracy
     vocab_size: int = BYTE_VOCAB  # byte tokens shared by both languages (fixed)
 
     def __post_init__(self):
         if self.vocab_size != BYTE_VOCAB:
             raise ConfigError("vocab_size", self.vocab_size, f"the byte tokenizer has {BYTE_VOCAB} tokens")
-        for key in ("max_len", "max_eval_pairs", "eval_decode"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(key, getattr(self, key), "must be a positive integer")
 
 
 def encode(texts: list[str], max_len: int, bos: bool) -> np.ndarray:

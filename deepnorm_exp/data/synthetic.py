@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import check_seed
+from ..config import check_seed, setting
 from ..errors import ConfigError
 from . import HostBytes, TaskData, register, unigram_loss
 from .cache import cache_key, cached_dataset
@@ -37,43 +37,30 @@ GENERATOR_VERSION = 2  # bump when the generated tokens change, so stale caches 
 @dataclass
 class SyntheticConfig:
     name: str = "synthetic"
-    vocab_size: int = 256  # tokens of the language
-    seq_len: int = 64  # tokens the model sees per sequence (each stored sequence has seq_len + 1)
-    train_sequences: int = 20_000  # sequences of the training split
-    eval_sequences: int = 256  # sequences of the held-out split
-    classes: int = 32  # word classes; the next class depends on the classes of the two tokens before
-    class_zipf: float = 2.5  # peakedness of the class transitions
-    emission_zipf: float = 2.0  # peakedness of the tokens within a class
-    trigram_weight: float = 0.6  # share of the class transition that depends on the token two back
+    vocab_size: int = setting(256, check="positive_int")  # tokens of the language
+    seq_len: int = setting(64, check="positive_int")  # tokens the model sees per sequence (each stored sequence has seq_len + 1)
+    train_sequences: int = setting(20_000, check="positive_int")  # sequences of the training split
+    eval_sequences: int = setting(256, check="positive_int")  # sequences of the held-out split
+    classes: int = setting(32, check="positive_int")  # word classes; the next class depends on the classes of the two tokens before
+    class_zipf: float = setting(2.5, check="above_zero")  # peakedness of the class transitions
+    emission_zipf: float = setting(2.0, check="above_zero")  # peakedness of the tokens within a class
+    trigram_weight: float = setting(0.6, check="unit_interval")  # share of the class transition that depends on the token two back
     seed: int = 1234  # the language and its samples; the training seed does not change the data
     # The translation task (models whose task is "translation", e.g. model=encdec; see translation.py):
-    translation_min_len: int = 4  # shortest source sentence, in tokens
+    translation_min_len: int = setting(4, check="positive_int")  # shortest source sentence, in tokens
     translation_max_len: int = 24  # longest source sentence
-    translation_reorder: int = 3  # target order reversed within blocks of this many tokens (1: monotone)
-    translation_noise: float = 0.05  # chance a target token is replaced by a random one
-    eval_decode: int = 64  # held-out pairs decoded greedily for exact-match accuracy
+    translation_reorder: int = setting(3, check="positive_int")  # target order reversed within blocks of this many tokens (1: monotone)
+    translation_noise: float = setting(0.05, check="fraction")  # chance a target token is replaced by a random one
+    eval_decode: int = setting(64, check="positive_int")  # held-out pairs decoded greedily for exact-match accuracy
 
     def __post_init__(self):
         check_seed("seed", self.seed)
-        for key in ("vocab_size", "seq_len", "train_sequences", "eval_sequences", "classes"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(key, getattr(self, key), "must be a positive integer")
         # 3 ids are reserved for the translation task's PAD, BOS, EOS; the check holds for both tasks
         if not 2 <= self.classes <= self.vocab_size - 3:
             raise ConfigError("classes", self.classes, f"must be in [2, vocab_size - 3={self.vocab_size - 3}]")
-        if not 0.0 <= self.trigram_weight <= 1.0:
-            raise ConfigError("trigram_weight", self.trigram_weight, "must be in [0, 1]")
-        for key in ("class_zipf", "emission_zipf"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(key, getattr(self, key), "must be > 0")
-        for key in ("translation_min_len", "translation_reorder", "eval_decode"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(key, getattr(self, key), "must be a positive integer")
         if self.translation_max_len < self.translation_min_len:
             raise ConfigError("translation_max_len", self.translation_max_len,
                               f"must be >= translation_min_len={self.translation_min_len}")
-        if not 0.0 <= self.translation_noise < 1.0:
-            raise ConfigError("translation_noise", self.translation_noise, "must be in [0, 1)")
 
 
 # Host memory, from the config alone (`SyntheticMarkov.host_bytes`): what numpy allocates while the source

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..config import Rule, setting
 from ..train.trainer import Callback, StepOutput, Trainer, is_due
 from . import Context, instrument
 
@@ -22,14 +22,9 @@ class SpikesConfig:
     spikes: bool = True  # scalar loss_spikes (spikes so far) and a loss_spike event per spike
     # A spike: a loss more than spike_k robust deviations (1.4826 x the median absolute deviation: sigma for a
     # Gaussian) above the median of the spike_window steps before it; none is counted before the window fills.
-    spike_window: int = 100
-    spike_k: float = 6.0
+    spike_window: int = setting(100, check=Rule(lambda v: v >= 3, "must be >= 3 (a median and a deviation)"))
+    spike_k: float = setting(6.0, check="above_zero")
 
-    def __post_init__(self):
-        if self.spike_window < 3:
-            raise ConfigError("spike_window", self.spike_window, "must be >= 3 (a median and a deviation)")
-        if not self.spike_k > 0:
-            raise ConfigError("spike_k", self.spike_k, "must be > 0")
 
 
 def is_spike(loss: float, past: list[float], k: float) -> tuple[bool, float, float]:

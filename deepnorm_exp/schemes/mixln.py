@@ -26,14 +26,13 @@ from .pre import PreNormResidual
 
 
 AT_LEAST_ZERO = Rule(lambda v: v >= 0, "must be >= 0")
-SHARE = Rule(lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
 
 
 @dataclass
 class MixLNConfig(NormedConfig):
     name: str = "mixln"
     post_layers: Optional[int] = setting(None, check=AT_LEAST_ZERO, null="post_fraction")  # Post-LN layers at the bottom of each stack (null: post_fraction of it)
-    post_fraction: float = setting(0.25, check=SHARE)  # the share of each stack in Post-LN when post_layers is null
+    post_fraction: float = setting(0.25, check="unit_interval")  # the share of each stack in Post-LN when post_layers is null
 
 
 
