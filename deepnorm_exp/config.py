@@ -107,6 +107,20 @@ def rules(schema: type, prefix: str = "") -> Iterator[tuple[str, dict]]:
             yield from rules(item.default_factory, f"{prefix}{item.name}.")  # type: ignore[arg-type]
 
 
+def rules_hold(instance: Any) -> bool:
+    """Whether every field of a flat dataclass instance keeps its rule (constructing one checks none)."""
+    for item in fields(instance):
+        rule, value = item.metadata, getattr(instance, item.name)
+        if value is None and "null" in rule:
+            continue
+        if rule.get("choices") and value not in rule["choices"]:
+            return False
+        check = rule.get("check")
+        if check is not None and not (check if isinstance(check, Rule) else RULES[check]).holds(value):
+            return False
+    return True
+
+
 def check_rules(schema: type, cfg: DictConfig, prefix: str = "") -> None:
     """ConfigError for the first key of `cfg` that breaks its field's rule; keys are named with `prefix`."""
     for key, rule in rules(schema):

@@ -1,4 +1,4 @@
-"""Hydra's internals are read in one module (hydra_plugins/deepnorm_exp_frontier/hydra_internals.py), for the
+"""Hydra's internals are read in one module (hydra_plugins/deepnorm_exp_frontier/_hydra_internals.py), for the
 Hydra version pyproject pins: these tests fail on another version, or where a name it reads has changed."""
 
 from __future__ import annotations

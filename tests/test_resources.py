@@ -267,3 +267,15 @@ def test_the_disk_estimate_holds_a_real_runs_records(tmp_path, runs_root):
     assert total <= job.disk.records <= DISK_TOLERANCE * total, (job.disk.records, total)
     # The row bytes were measured with every per-layer metric: a new one must re-measure them.
     assert all(len(pq.read_schema(path)) <= disk.LAYER_COLUMNS for path in (run / "layers").glob("step_*.parquet"))
+
+
+def test_the_data_estimate_of_an_unchecked_section_names_a_key_that_breaks_its_rule():
+    """host_bytes builds a checked section's dataclass directly (cheaper than parse_section), which checks no
+    key's rule: an unchecked section with a bad value is refused naming the key, never estimated."""
+    from deepnorm_exp.data import host_bytes
+
+    with pytest.raises(ConfigError, match=r"^data.train_sequences=-5 is invalid: must be a positive integer"):
+        host_bytes({"name": "synthetic", "train_sequences": -5})
+    with pytest.raises(ConfigError, match=r"^data.trigram_weight=1.5 is invalid"):
+        host_bytes({"name": "synthetic", "trigram_weight": 1.5}, "translation")
+    assert host_bytes({"name": "synthetic", "train_sequences": 64}).peak > 0

@@ -12,7 +12,7 @@ from typing import Any, Optional, Protocol
 
 import torch
 
-from ..config import parse_section
+from ..config import parse_section, rules_hold
 from ..errors import ConfigError
 from ..registry import Registry
 
@@ -113,6 +113,8 @@ def host_bytes(data_cfg: Any, task: str = "lm") -> HostBytes:
 
         values = OmegaConf.to_container(data_cfg, resolve=True) if OmegaConf.is_config(data_cfg) else dict(data_cfg)
         cfg = cls.Config(**values)
+        if not rules_hold(cfg):  # constructing it checked no key's rule: parse_section names the key
+            raise ValueError
     except (TypeError, ValueError):  # not checked yet: the section's own errors, naming its keys
         cfg = parse_section(cls.Config, data_cfg, "data")
     return measure(cfg, task)

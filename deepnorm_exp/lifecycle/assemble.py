@@ -8,7 +8,7 @@ half-way still closes what it opened (its sinks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from omegaconf import OmegaConf
