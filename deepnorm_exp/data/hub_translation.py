@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from . import TaskData, register, unigram_loss
 from .hub import load_hub
 from .tokenizer import BYTE_VOCAB
-from .translation import BOS, EOS, PAD, SPECIALS
+from ..special_tokens import BOS, EOS, PAD, SPECIALS
 
 
 @dataclass

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import HarnessError, RecordError
 from ..signals import SIGNALS, act_as_before
 from ..records import atomic_path
-from .translation import BOS, EOS, PAD, SPECIALS
+from ..special_tokens import BOS, EOS, PAD, SPECIALS
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # ids PAD, BOS, EOS in this order
 BYTE_VOCAB = 256 + SPECIALS  # also the smallest byte-level BPE: its alphabet plus the specials

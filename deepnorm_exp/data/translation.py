@@ -16,8 +16,7 @@ import dataclasses
 
 import numpy as np
 
-PAD, BOS, EOS = 0, 1, 2
-SPECIALS = 3
+from ..special_tokens import BOS, EOS, PAD, SPECIALS
 
 
 def reorder_positions(length: int, block: int) -> np.ndarray:

@@ -14,10 +14,9 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..schemes import NormScheme
+from ..special_tokens import BOS, EOS, PAD
 from . import LossOutput, next_token_loss, register
 from .layers import CrossAttention, Embeddings, FeedForward, SelfAttention, run_blocks
-
-PAD, BOS, EOS = 0, 1, 2  # the special tokens every translation data source uses
 
 
 class EncoderBlock(nn.Module):
