@@ -33,7 +33,7 @@ from ..errors import RecordError, first_line
 from ..records import atomic_path
 from ..rundir import RunDir
 from . import sharded
-from .damage import weights_only_refusal
+from .damage import damaged, weights_only_refusal
 from .trainer import Callback, StepOutput, Trainer
 
 log = logging.getLogger("deepnorm_exp")
@@ -110,10 +110,6 @@ def verify(path: Path) -> None:
         raise damaged(path, f"{type(e).__name__}: {first_line(e)}") from None
     if bad is not None:
         raise damaged(path, f"record {bad} fails its CRC check")
-
-
-def damaged(path: Path, why: str) -> RecordError:
-    return RecordError(f"{path} is damaged ({why}); delete it to start this run over, or resume=false")
 
 
 def load(path: Path) -> dict:

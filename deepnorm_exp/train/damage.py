@@ -16,5 +16,6 @@ def weights_only_refusal(e: BaseException) -> str:
     return (middle or lines or [type(e).__name__])[0]
 
 
-def damaged(directory: Path, why: str) -> RecordError:
-    return RecordError(f"{directory} is damaged ({why}); delete it to start this run over, or resume=false")
+def damaged(path: Path, why: str) -> RecordError:
+    """A checkpoint (file or sharded directory) that cannot be read, why, and the way out."""
+    return RecordError(f"{path} is damaged ({why}); delete it to start this run over, or resume=false")
