@@ -107,6 +107,11 @@ def rules(schema: type, prefix: str = "") -> Iterator[tuple[str, dict]]:
             yield from rules(item.default_factory, f"{prefix}{item.name}.")  # type: ignore[arg-type]
 
 
+def rule_named(check: "Rule | str") -> Rule:
+    """A field's `check=`: a Rule of its own, or the name of a shared one."""
+    return check if isinstance(check, Rule) else RULES[check]
+
+
 def rules_hold(instance: Any) -> bool:
     """Whether every field of a flat dataclass instance keeps its rule (constructing one checks none)."""
     for item in fields(instance):
@@ -116,7 +121,7 @@ def rules_hold(instance: Any) -> bool:
         if rule.get("choices") and value not in rule["choices"]:
             return False
         check = rule.get("check")
-        if check is not None and not (check if isinstance(check, Rule) else RULES[check]).holds(value):
+        if check is not None and not rule_named(check).holds(value):
             return False
     return True
 
@@ -132,7 +137,7 @@ def check_rules(schema: type, cfg: DictConfig, prefix: str = "") -> None:
         if rule.get("choices"):
             require_choice(prefix + key, value, rule["choices"])
         if "check" in rule:
-            holds, words = rule["check"] if isinstance(rule["check"], Rule) else RULES[rule["check"]]
+            holds, words = rule_named(rule["check"])
             if not holds(value):
                 raise ConfigError(prefix + key, value, words + (f", or null for {rule['null']}" if "null" in rule
                                                                 else ""))
