@@ -1,11 +1,14 @@
 """Every config composes; bad input fails before any compute with one line naming key, value, choices."""
 
+import re
 from pathlib import Path
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 import deepnorm_exp
+from deepnorm_exp.compose import compose_with_hydra
 from deepnorm_exp.preflight import preflight
 from deepnorm_exp.config import CONF_DIR
 from deepnorm_exp.data import SOURCES
@@ -44,6 +47,30 @@ def test_every_config_in_conf_composes_and_checks(override):
     cfg = deepnorm_exp.compose([override, *COMPANIONS.get(override, [])])
     OmegaConf.resolve(cfg)  # every interpolation resolves
     assert cfg.model.vocab_size == cfg.data.vocab_size
+
+
+def stated_runs(preset: Path) -> int | None:
+    """The run count a preset's header states ("3 x 3 x 4 = 36 runs"), if it states one."""
+    header = " ".join(line.lstrip("#") for line in preset.read_text(encoding="utf-8").splitlines()
+                      if line.startswith("#"))
+    found = re.search(r"= (\d+) runs", header)
+    return int(found.group(1)) if found else None
+
+
+COUNTED_PRESETS = [p for p in sorted((CONF_DIR / "experiment").glob("*.yaml")) if stated_runs(p)]
+
+
+@pytest.mark.parametrize("preset", COUNTED_PRESETS, ids=lambda p: p.stem)
+def test_a_presets_sweep_has_the_runs_its_header_states(preset):
+    # Sweep axes merge through a preset's defaults: text_final once inherited text_lr's rate grid (108 jobs,
+    # not 27), which the pre-flight cannot see because every job is valid. Counted from the composed grid, so a
+    # preset that needs measured rates is counted before they exist.
+    params = compose_with_hydra([f"experiment={preset.stem}"]).hydra.sweeper.params or {}
+    parsed = OverridesParser.create().parse_overrides([f"{key}={values}" for key, values in params.items()])
+    runs = 1
+    for axis in parsed:
+        runs *= len(list(axis.sweep_string_iterator())) if axis.is_sweep_override() else 1
+    assert runs == stated_runs(preset)
 
 
 def test_the_mitigation_study_puts_each_mitigation_beside_none_for_every_scheme(tmp_path):
