@@ -88,7 +88,7 @@ def block_names(page: Path) -> list[str]:
 
 def rewrite(pages: list[Path], results: Path = RESULTS) -> list[str]:
     """Every bench block of `pages` from the records; the blocks done, as page:section."""
-    from deepnorm_exp.analysis.results import update_blocks
+    from deepnorm_exp.analysis.blocks import update_blocks
 
     done = []
     for page in pages:

@@ -19,7 +19,8 @@ from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_rec
                                    plots)
 from deepnorm_exp.analysis.report import write_report
 from deepnorm_exp.rundir import StudyDir
-from deepnorm_exp.analysis.results import generated_blocks
+from deepnorm_exp.analysis.blocks import generated_blocks
+from deepnorm_exp.analysis.evidence import Evidence
 
 from conftest import REPO, TINY, run_cli
 
@@ -359,7 +360,7 @@ def test_the_readme_zoo_block_is_the_zoo_sweeps_table_with_its_time_and_referenc
     against the summaries read here, the untrained count against their `trained` flags."""
     root = tmp_path / "runs"
     shutil.copytree(sweep, root / "zoo_depth_sweep")
-    blocks = generated_blocks(root)
+    blocks = generated_blocks(Evidence(root))
     assert blocks["quickstart"].startswith("Not run yet under the current defaults")  # no records of it here
     block = blocks["zoo"]
     summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]

@@ -348,7 +348,8 @@ def test_the_results_page_is_not_replaced_from_records_that_lack_its_studies(tmp
 
 
 def test_a_page_written_before_the_counts_were_marked_is_read_by_its_sections():
-    from deepnorm_exp.analysis.results import STUDIES, published_runs
+    from deepnorm_exp.analysis.results import published_runs
+    from deepnorm_exp.analysis.studies import STUDIES
 
     titles = {s.name: s.title for s in STUDIES}
     page = (f"# Results\n\n## {titles['quickstart']}\n\nabout\n\n| a |\n\n## {titles['zoo_depth_sweep']}\n\n"

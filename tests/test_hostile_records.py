@@ -23,7 +23,7 @@ from deepnorm_exp import records
 from deepnorm_exp.analysis import published
 from deepnorm_exp.analysis.escape import md_code, md_fence, md_text
 from deepnorm_exp.rundir import StudyDir
-from deepnorm_exp.analysis.results import markdown_table
+from deepnorm_exp.analysis.page import markdown_table
 
 from test_published import fake_run
 
@@ -136,7 +136,7 @@ def test_a_forged_command_in_the_manifest_is_refused(tmp_path):
 
 def test_a_multirun_yaml_is_never_interpolated(tmp_path, monkeypatch):
     """Was: OmegaConf.load and select: `${oc.env:SECRET}` in a published multirun.yaml printed the variable."""
-    from deepnorm_exp.analysis.results import sweeper_setting
+    from deepnorm_exp.analysis.frontier import sweeper_setting
 
     monkeypatch.setenv("DEEPNORM_TEST_SECRET", "hunter2")
     (tmp_path / "multirun.yaml").write_text("hydra:\n  sweeper:\n    stable_if: ${oc.env:DEEPNORM_TEST_SECRET}\n")

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from deepnorm_exp.analysis import published
-from deepnorm_exp.analysis.results import STUDIES
+from deepnorm_exp.analysis.lr_study import TUNING
+from deepnorm_exp.analysis.studies import STUDIES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,8 +118,9 @@ def test_the_committed_records_regenerate_the_results_page_and_the_readme_byte_f
     assert page == (REPO / "docs" / "results.md").read_text(encoding="utf-8")
     for page in pages:
         assert (tmp_path / page).read_text(encoding="utf-8") == (REPO / page).read_text(encoding="utf-8"), page
-    tuned = "tuned_lr/lr_study.yaml"  # the budget study's rates, written from the learning-rate study's records
-    assert (tmp_path / "conf" / tuned).read_text(encoding="utf-8") == (REPO / "conf" / tuned).read_text(encoding="utf-8")
+    for study in TUNING:  # the rates of the studies that read them, written from the tuning studies' records
+        tuned = f"tuned_lr/{study.name}.yaml"
+        assert (tmp_path / "conf" / tuned).read_text(encoding="utf-8") == (REPO / "conf" / tuned).read_text(encoding="utf-8")
     figures = sorted(p.name for p in (tmp_path / "docs" / "results").glob("*.png"))
     assert figures == sorted(p.name for p in (REPO / "docs" / "results").glob("*.png"))
     for name in figures:

@@ -9,7 +9,9 @@ import pytest
 
 from deepnorm_exp.analysis import claims
 from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, UNFINISHED, Evidence
-from deepnorm_exp.analysis.results import build_results, markdown_table, update_blocks
+from deepnorm_exp.analysis.blocks import update_blocks
+from deepnorm_exp.analysis.page import markdown_table
+from deepnorm_exp.analysis.results import build_results
 from deepnorm_exp.analysis.timing import duration, preset_time, sweep_finished
 
 
@@ -340,7 +342,7 @@ def test_an_unfinished_frontier_is_said_to_be_unfinished_once(tmp_path):
 
 
 def test_the_warmup_table_shows_each_arm_and_how_its_runs_ended():
-    from deepnorm_exp.analysis.results import warmup_table
+    from deepnorm_exp.analysis.warmup import warmup_table
 
     runs = pd.DataFrame([run(n, 18, s, status="diverged" if (n, w, s) == ("post", 0, 1) else "completed",
                              run_name=f"{n}-w{w}-s{s}", **{"train.warmup_steps": w})
@@ -356,7 +358,7 @@ def test_the_warmup_table_shows_each_arm_and_how_its_runs_ended():
 
 
 def test_the_page_says_its_scale_and_counts_what_failed_from_the_records():
-    from deepnorm_exp.analysis.results import setting_text
+    from deepnorm_exp.analysis.overview import setting_text
 
     runs = pd.DataFrame([run("post", 6, 0, trained=False, **{"model.d_model": 64, "device": "cpu"}),
                          run("post", 6, 1, status="diverged", trained=False, **{"model.d_model": 64, "device": "cpu"}),
@@ -376,7 +378,7 @@ def test_the_page_says_its_scale_and_counts_what_failed_from_the_records():
 
 def test_the_code_table_says_whether_a_study_flushed_subnormals():
     """A config stored before train.flush_denormal existed has no such column value: it did not flush."""
-    from deepnorm_exp.analysis.results import subnormals
+    from deepnorm_exp.analysis.overview import subnormals
 
     new, old = run("post", 6, 0, **{"train.flush_denormal": True}), run("post", 6, 1)
     assert subnormals(pd.DataFrame([new])) == "flushed"

@@ -146,9 +146,10 @@ def test_frontier_sweeper_probes_learning_rates_as_ordinary_runs(tiny, runs_root
             f"> {lo:.3g}" if hi is None else f"{lo:.3g}-{hi:.3g}")
         assert rows[cell["norm"]][int(cell["depth"]) - 2] == text
     # ... and the README's frontier block, from the same records
-    from deepnorm_exp.analysis.results import generated_blocks
+    from deepnorm_exp.analysis.blocks import generated_blocks
+    from deepnorm_exp.analysis.evidence import Evidence
 
-    block = generated_blocks(runs_root.parent / "studies")["frontier"]
+    block = generated_blocks(Evidence(runs_root.parent / "studies"))["frontier"]
     assert brackets in block and re.search(r"- (deepnorm|post): (slope -?\d|no slope)", block)
 
 

@@ -14,11 +14,17 @@ The rules, fixed before the study's runs were made (conf/experiment/budget_study
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from ..lifecycle.diagnosis import CONVERGED_FALL, loss_fall
+from .page import Page, Study, by_depth, markdown_table
 from .tables import norm_depth_table
 from .plots import norms_in
+
+if TYPE_CHECKING:
+    from .evidence import Evidence
 
 BUDGETS = (300, 1200, 4800)  # steps; the preset evaluates every 300, which holds each of them
 
@@ -109,3 +115,24 @@ def budget_figure(runs: pd.DataFrame, scalars: pd.DataFrame):
         ax.legend(fontsize="small")
     axes[0].set_ylabel("eval loss")
     return fig
+
+
+def budget_section(page: Page, evidence: Evidence, name: str) -> None:
+    runs, scalars = evidence.runs(name), evidence.every_runs_scalars(name)
+    losses = budget_losses(runs, scalars)
+    changes = order_changes(losses)
+    page.add("Eval loss (mean ± std over the seeds) at each budget, and the schemes in order of it: the order "
+             + ("changes with the budget at " + ", ".join(f"L{d}" for d, c in changes.items() if c)
+                if any(changes.values()) else "does not change with the budget") + ".",
+             markdown_table(budget_table(losses), index=False))
+    page.add("Converged at the longest budget? The eval loss's fall over the last quarter of the steps, in units "
+             f"of the unigram-to-optimal gap, per seed (converged: under {CONVERGED_FALL}):",
+             markdown_table(by_depth(convergence_table(with_convergence(runs, scalars)))))
+    page.figure(name, budget_figure(runs, scalars),
+                "Eval loss against steps, a panel per depth, a line per scheme (dotted: the budgets).")
+
+
+BUDGET = Study("budget_study", "Training length on the synthetic language (a second view, not judged)",
+               "Post-LN, Pre-LN and DeepNorm at depths 6 and 18, two seeds, each at its best rate from the "
+               "learning-rate study (conf/tuned_lr/lr_study.yaml), 4,800 steps read at 300, 1,200 and 4,800 (the "
+               "rules: deepnorm_exp/analysis/budget.py).", budget_section)

@@ -26,7 +26,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from . import plots
 from .evidence import Evidence
+from .page import Page, Study, markdown_table
 from .runs import config_by_run
 
 STUDY = "early_update_encdec"
@@ -254,3 +256,24 @@ def window_table(e: Evidence) -> pd.DataFrame:
     return pd.DataFrame([{"norm": n, "depth": d, "warm-up": "4k" if w else "none",
                           **{name: float(values[n, d, w].mean()) if (n, d, w) in values else np.nan
                              for name, values in columns.items()}} for n, d, w in cells])
+
+
+def early_section(page: Page, evidence: Evidence, name: str) -> None:
+    runs, scalars = evidence.at_one_lr(name), evidence.scalars(name)
+    warm = config_by_run(runs, "train.warmup_steps").fillna(0) > 0
+    for flag, label, figure in ((True, "with the 4k warm-up (figure 5's training)", "early_update_warmup"),
+                                (False, "without warm-up (figure 4(a)'s contrast)", "early_update_no_warmup")):
+        of = scalars[scalars["run_name"].isin(warm.index[warm == flag])] if not scalars.empty else scalars
+        page.figure(figure, plots.model_update(of), f"||F(x,θt) − F(x,θ0)|| over the first "
+                    f"{WINDOW} steps {label}, per scheme, one line per depth (N-N).")
+    page.add("What the rules read, mean over the seeds (update @k: ||F(x,θk) − F(x,θ0)||; step change: "
+             "||F(x,θt) − F(x,θt−1)||; LN input growth: the mean over blocks at the window's end over step 0; "
+             "decoder bottom / top grad: its bottom-10% over top-10% layers' gradient norm at the window's end):",
+             markdown_table(window_table(evidence), index=False))
+
+
+EARLY_UPDATE = Study(STUDY, "The first steps at the paper's shape (its figures 4 and 5)",
+                     "64-128-2 encoder-decoders at 6L-6L to 100L-100L, Post-LN, Post-LN-init, DeepNorm and Pre-LN, with "
+                     "the paper's 4k warm-up and without, two seeds, the first 30 steps at peak rate 5e-4, every scalar "
+                     "every step, per-layer vectors every 5 (the rules: deepnorm_exp/analysis/early_window.py).",
+                     early_section)

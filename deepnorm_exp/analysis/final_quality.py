@@ -27,6 +27,7 @@ from scipy import stats
 
 from .evidence import Evidence
 from .lr_study import capped_losses
+from .page import Page, Study, diagnoses, markdown_table
 
 STUDY = "text_final"
 CONFIDENCE = 0.95  # one-sided: "A is below B"
@@ -112,3 +113,16 @@ def final_table(e: Evidence) -> pd.DataFrame:
     cells = losses.groupby(["norm", "depth"])["loss"].apply(
         lambda s: "{:.3f} ± {:.3f} ({})".format(*_stats(s)))
     return cells.unstack("depth")
+
+
+def final_section(page: Page, evidence: Evidence, name: str) -> None:
+    table = final_table(evidence)
+    page.add("Final eval loss per scheme and depth, each at its best rate from text_lr: mean ± standard error "
+             "over the seeds (n), capped at the loss at initialisation (a diverged seed counts as that):",
+             markdown_table(table) if not table.empty else "No run of the study has ended yet.")
+    diagnoses(page, evidence.runs(name))
+
+
+TEXT_FINAL = Study(STUDY, "Real text: final quality at each scheme's own rate",
+                   "text_lr's training at each cell's best rate, seeds 1-3 (the rules: "
+                   "deepnorm_exp/analysis/final_quality.py).", final_section)

@@ -16,12 +16,21 @@ The rules, fixed before the study's runs were made (conf/experiment/lr_study.yam
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pandas as pd
 
+from .. import records
+from .page import Page, Study, by_depth, diagnoses, markdown_table
 from .tables import norm_depth_table
 from .plots import depth_color, empty, norms_in, panels
+from .timing import preset_time
+from ..lifecycle.summary import TRAINED_FRACTION
+
+if TYPE_CHECKING:
+    from .evidence import Evidence
 
 LR = "train.lr"
 
@@ -169,3 +178,64 @@ def lr_figure(runs: pd.DataFrame):
         ax.legend(fontsize="small")
     axes[0].set_ylabel("eval loss")
     return fig
+
+
+def lr_section(page: Page, evidence: Evidence, name: str) -> None:
+    """A learning-rate grid's tables and figure: each scheme at its best rate, LR sensitivity, loss against
+    rate, every cell, the diagnoses."""
+    runs = evidence.runs(name)
+    summary = lr_summary(runs)
+    page.add("Each scheme at its own best rate per depth: the mean ± std over the seeds of the final eval loss "
+             "(capped at the loss at initialisation; a diverged seed counts as that), and the rate; "
+             "`edge`: the best rate is an end of the grid, so the optimum may lie beyond it; `untrained`: seeds "
+             f"that learned nothing (under {TRAINED_FRACTION:.0%} of the unigram-to-optimal gap) even at the best rate.",
+             markdown_table(by_depth(best_rate_table(summary))))
+    page.add("LR sensitivity (the mean over the grid of the capped loss minus the best; 0: every rate is as "
+             "good as the best, which is also what a scheme that learns at no rate reads: see the table above) "
+             "per depth, and how far the best rate moves from the shallowest depth to the deepest (their "
+             "ratio):", markdown_table(by_depth(sensitivity_table(summary))))
+    page.figure(name, lr_figure(runs),
+                "Final eval loss against learning rate, a panel per scheme, a line per depth (circles: the best "
+                "rate).")
+    page.add("Every cell (mean capped loss over the seeds; `(k div)`: k seeds diverged):",
+             markdown_table(curve_table(lr_curves(runs))))
+    diagnoses(page, runs, "over every rate of the grid")
+
+
+def lr_block(evidence: Evidence, name: str) -> Optional[str]:
+    """The README's and the comparisons page's table, once the sweep has finished."""
+    if not evidence.finished(name):
+        return None
+    runs = evidence.runs(name)
+    summary = lr_summary(runs)
+    time = preset_time(evidence.study_dir(name), runs).describe()
+    return (f"**Measured** (`python -m deepnorm_exp -m experiment={name}`; {time}): each scheme "
+            "at its own best learning rate per depth, the final eval loss (mean ± std over the "
+            "seeds, capped at the loss at initialisation) and the rate; then LR sensitivity.\n\n"
+            + markdown_table(by_depth(best_rate_table(summary))) + "\n\n"
+            + markdown_table(by_depth(sensitivity_table(summary))))
+
+
+def write_tuned_rates(evidence: Evidence, name: str, conf: Path) -> Optional[Path]:
+    """conf/tuned_lr/<name>.yaml from a finished study's records. Generated into conf/ because that is the one
+    place the rates live as a fact of the studies that run at them: Hydra composes them there (`${tuned_lr:}`),
+    and a study already run keeps the rates it ran at until `make results` rewrites them and the diff is
+    committed (a preset that read the records instead would change under runs already made)."""
+    if not evidence.finished(name):
+        return None
+    path = conf / "tuned_lr" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    records.write_text(path, tuned_lr_yaml(lr_summary(evidence.runs(name)), name))
+    return path
+
+
+SYNTHETIC = Study("lr_study", "Final loss against learning rate (each scheme at its own best rate)",
+                  "Post-LN, Pre-LN and DeepNorm at depths 6, 18 and 50, two seeds, on a half-decade grid of learning "
+                  "rates from 1e-4 to 1e-1, 300 steps (Wortsman et al. 2023; the rules: "
+                  "deepnorm_exp/analysis/lr_study.py).", lr_section, "lr_study", lr_block)
+TEXT = Study("text_lr", "Real text: each scheme's rate tuned at the final budget",
+             "Post-LN, Pre-LN and DeepNorm decoders at depths 6, 18 and 50 on Shakespeare's plays (bytes, held-out "
+             "plays; data=shakespeare), dropout 0.1, 3,000 steps of a cosine schedule that anneals, rates 3e-4 to "
+             "1e-2, seed 0: the best rate per scheme and depth (conf/tuned_lr/text_lr.yaml) for text_final.",
+             lr_section)
+TUNING = (SYNTHETIC, TEXT)  # the studies whose best rates others read (`train.lr: ${tuned_lr:}`)

@@ -7,9 +7,15 @@ train* when at least half of its seeds train with it (summary.trained) and fewer
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
+from .page import Page, Study, markdown_table
 from .runs import config_column, outcomes
+
+if TYPE_CHECKING:
+    from .evidence import Evidence
 
 # The keys a mitigation sets (config.py, all off by default) and their values when off
 MITIGATION_KEYS = {"model.qk_norm": "none", "model.attn_softcap": None, "model.logit_softcap": None,
@@ -68,3 +74,19 @@ def verdict(without: float | None, with_: float) -> str:
     if without >= 0.5 > with_:
         return "stops it training"
     return "no change in whether it trains"
+
+
+def mitigation_section(page: Page, evidence: Evidence, name: str) -> None:
+    table = mitigation_table(evidence.runs(name))
+    if table.empty:
+        page.add("No run of the study has ended yet.")
+        return
+    page.add("Per scheme and mitigation: the seeds that trained, the eval loss (mean ± std over the seeds that "
+             "completed), the diagnoses, and the rule's verdict against the same scheme with no mitigation:",
+             markdown_table(table, index=False))
+
+
+MITIGATIONS = Study("mitigation_study", "Mitigations where Post-LN fails (an extension, not judged)",
+                    "Post-LN, Pre-LN and DeepNorm at depth 48 with the quick start's training, with no mitigation and "
+                    "with each of QK-LayerNorm, z-loss 1e-4, soft-capping (attention 50, output 30) and weight decay "
+                    "0.1, two seeds (the rule: deepnorm_exp/analysis/mitigations.py).", mitigation_section)

@@ -28,12 +28,16 @@ best rate trained within the budget at every depth.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pandas as pd
 
+from .page import Page, Study, markdown_table
 from .runs import config_column, outcomes
+
+if TYPE_CHECKING:
+    from .evidence import Evidence
 
 SHORT_BUDGET = 300  # the studies' budget before this one: a scheme that trains by it "trains early"
 CELL = ["norm", "depth", "lr"]
@@ -136,3 +140,31 @@ def deepnorm_trains_everywhere(runs: pd.DataFrame) -> tuple[Optional[bool], str]
     if of.empty:
         return None, "no DeepNorm run"
     return bool((of["by_budget"] == of["seeds"]).all()), "median steps-to-train at its best rate: " + describe(best, "deepnorm")
+
+
+def steps_section(page: Page, evidence: Evidence, name: str) -> None:
+    """A steps-to-train study's cells: trained by the old budget and by the run's, the censored median, how the
+    rest ended, and each scheme's best rate per depth."""
+    cells = cell_table(run_outcomes(evidence.runs(name)))
+    page.add(f"Per scheme, depth and rate: seeds trained by step {SHORT_BUDGET} (`by_short`) and "
+             "by the budget (`by_budget`), the median steps-to-train (the first step by which half the seeds had "
+             "trained; empty: fewer than half ever did), and how the others ended (diverged, or their diagnosis):",
+             markdown_table(cells, index=False))
+    page.add("Each scheme's best rate per depth (the smallest median, then the most seeds trained):",
+             markdown_table(best_rates(cells), index=False))
+
+
+DECODER = Study("steps_to_train", "Slow or unstable: steps to train against depth",
+                "Post-LN, Pre-LN and DeepNorm at depths 6-100, four rates, two seeds, each run trained until it has "
+                "trained or for 3,000 steps (ten times the other studies' 300); steps-to-train read with censoring "
+                "(the rules: deepnorm_exp/analysis/steps_to_train.py).", steps_section)
+ENCDEC = Study("steps_to_train_encdec", "Slow or unstable, encoder-decoder",
+               "The same on N-N encoder-decoders and the synthetic translation task, N = 6, 24, 100, rates 1e-3 and "
+               "3e-3, two seeds, until trained or 3,000 steps.", steps_section)
+FP16 = Study("precision_fp16", "Mixed precision, as the paper trained",
+             "Post-LN and DeepNorm at depths 18 and 50 in fp16 with dynamic loss scaling, lr 1e-3, two seeds, "
+             "steps_to_train's protocol (until trained or 3,000 steps).", steps_section)
+THOUSAND_LAYERS = Study("encdec_1000l", "1,000 layers at this width",
+                        "DeepNorm and Pre-LN 500L-500L encoder-decoders at d_model 64 on the synthetic translation task, "
+                        "one seed each, the encoder-decoder depth sweep's training, each until it has trained or for "
+                        "2,000 steps.", steps_section)
