@@ -65,10 +65,12 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 # Every test, the end-to-end CLI runs (marked slow) and the manual's strict build included; the 40 slowest are
-# listed at the end (what a faster tier would leave out).
+# listed at the end (candidates for the slow mark, which test-fast leaves out).
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=40
 
+# The tests not marked slow (unit tests, one case of each hostile input; under 5 minutes on 2 cores), while
+# editing: `make test` before a commit.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 

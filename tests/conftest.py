@@ -23,6 +23,13 @@ WORDS = ("the of and to in a is that for it as was with be by on not he this are
          "have an they you were her she there had all one we their über straße naïve 東京").split()
 
 
+def slow_beyond_first(cases: list) -> list:
+    """Parametrize cases that take one path with other inputs: the first runs in `make test-fast`, the rest
+    (marked slow) only in `make test`."""
+    return [cases[0], *(pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
+                        for case in cases[1:])]
+
+
 def write_text(path: Path, lines: int, seed: int = 0) -> Path:
     """A text file of `lines` random sentences (one document per line), non-ASCII words included."""
     import random

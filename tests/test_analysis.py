@@ -304,6 +304,7 @@ def test_report_renders_in_headless_chromium_without_console_errors(sweep, tmp_p
     assert shot.returncode == 0 and (tmp_path / "report.png").stat().st_size > 10_000, shot.stderr
 
 
+@pytest.mark.slow
 def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep(sweep, tmp_path):
     """`make results` on studies made of the tiny sweep's runs: every section that has runs is written from
     them (checked against the summaries read here), the others say how to run them, every figure exists and

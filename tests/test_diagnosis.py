@@ -53,6 +53,7 @@ def test_each_kind_is_produced_on_purpose_and_withheld_in_its_control(tmp_path, 
     assert held["kind"] != kind and kind not in [f["kind"] for f in held["also"]], held
 
 
+@pytest.mark.slow
 def test_a_run_that_trains_and_has_stopped_improving_is_trained_and_a_short_one_still_learning(tmp_path):
     trained = diagnosed(tmp_path / "long", *TRAINS)
     assert trained["kind"] == "trained" and trained["not_measured"] == [], trained

@@ -25,6 +25,7 @@ from deepnorm_exp.analysis.escape import md_code, md_fence, md_text
 from deepnorm_exp.rundir import StudyDir
 from deepnorm_exp.analysis.page import markdown_table
 
+from conftest import slow_beyond_first
 from test_published import fake_run
 
 SCRIPT = '<img src=x onerror="alert(1)">'
@@ -154,14 +155,14 @@ def with_summary(frame: pd.DataFrame, row: int, **fields) -> pd.DataFrame:
     return frame
 
 
-@pytest.mark.parametrize("edit, why", [
+@pytest.mark.parametrize("edit, why", slow_beyond_first([
     (lambda f: pd.concat([f, f], ignore_index=True), "row 2 .*run_name appears twice"),
     (lambda f: with_summary(f, 0, eval_loss=float("inf")), "row 0 .*eval_loss is inf, not finite, in a completed run"),
     (lambda f: with_summary(f, 0, wall_s=-1e5), "row 0 .*wall_s is -100000.0, below 0.0"),
     (lambda f: with_summary(f, 1, norm=SCRIPT), "row 1 .*norm is"),
     (lambda f: with_summary(f, 0, depth="two"), "row 0 .*depth is str, not an integer"),
     (lambda f: f.assign(run_name=["../../../x", "pre-L6-s1"]), "row 0 .*run_name is '../../../x', not a name"),
-])
+]))
 def test_published_runs_that_break_the_schema_are_one_line_and_the_page_is_untouched(tmp_path, edit, why):
     """Was: a duplicated row published as "7 runs" with a std of 0.000; "inf" and -1e5 s published as numbers."""
     directory = packed_study(tmp_path, runs=2)

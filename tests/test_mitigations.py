@@ -185,6 +185,7 @@ def attentions(net):
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["decoder", "encdec"])
 @pytest.mark.parametrize("mitigation", sorted(MITIGATIONS))
 def test_every_scheme_trains_a_few_steps_with_each_mitigation(model, mitigation):

@@ -63,6 +63,7 @@ def test_depth_1000_builds_with_the_paper_constants():
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.slow
 def test_the_paper_1000_layer_preset_builds_its_3_7b_parameter_model():
     """experiment=paper_1000l: 500L-500L, d 512, 8 heads, FFN 2048 (the paper: 3.8B with its 64k
     vocabulary; ours has the synthetic 256). Built on the meta device: shapes and init, no memory."""
@@ -118,6 +119,7 @@ def test_qk_norm_off_builds_the_same_model_and_a_bad_value_is_one_line():
         deepnorm_exp.compose(["model.qk_norm=l2"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["decoder", "encdec"])
 def test_qk_norm_composes_with_every_scheme(model):
     """Every registered scheme builds with QK-norm, adds exactly two norms per attention sublayer (a scheme that
@@ -143,6 +145,7 @@ def test_qk_norm_composes_with_every_scheme(model):
         assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None), norm
 
 
+@pytest.mark.slow
 def test_swiglu_ffn_builds_and_trains_with_every_scheme():
     """`model.ffn=swiglu`: fc1 twice as wide, fc2(u * silu(v)), under every registered scheme."""
     from deepnorm_exp.schemes import SCHEMES

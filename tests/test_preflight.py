@@ -133,6 +133,7 @@ def test_the_frontier_sweeper_expands_glob_and_range_into_its_cells(tmp_path):
         ("pre", 3)]
 
 
+@pytest.mark.slow
 def test_the_issues_commands_run_as_hydra_runs_them(tmp_path, runs_root):
     """--config-dir with a user's preset, and with a user's primary config (-cn), through the real CLI."""
     mine = user_configs(tmp_path / "mine")
@@ -240,6 +241,7 @@ def _saved_floats_per_token(cfg, depth: int) -> float:
     return sum(seen.values()) / 32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ffn", ["gelu", "swiglu"])
 def test_the_memory_estimate_holds_every_schemes_activations_within_a_factor_of_two(ffn):
     """Per layer, the estimate's activations are at least what autograd saves and at most twice it: the

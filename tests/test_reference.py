@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 
 
+@pytest.mark.slow
 def test_the_configuration_page_is_generated_from_the_schema():
     committed = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert committed == reference.page(), "stale: python -m deepnorm_exp.reference docs/configuration.md"
@@ -116,6 +117,7 @@ def test_a_key_the_group_files_leave_out_composes_at_its_default_and_takes_an_ov
     assert cfg.metrics.layer_every == 50
 
 
+@pytest.mark.slow
 def test_the_presets_table_says_what_each_preset_composes_to():
     """Read from the composition, not the YAML's text: an inherited preset shows its parent's keys, and the
     keys a chosen group option sets are that option's, not the preset's."""

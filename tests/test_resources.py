@@ -149,6 +149,7 @@ def resident_peak(section: dict, warm: dict, task: str) -> int:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak resident memory from /proc")
 def test_the_synthetic_estimate_holds_a_loads_resident_memory():
     """Translation pairs: the dataset conversion's Arrow buffers count too (peak RSS of a real load)."""
@@ -161,6 +162,7 @@ def test_the_synthetic_estimate_holds_a_loads_resident_memory():
     assert measured <= estimated <= DATA_TOLERANCE * measured, (estimated, measured)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak resident memory from /proc")
 def test_the_text_estimate_holds_a_loads_resident_memory(tmp_path):
     """A 3.1 MB corpus (the most bytes a byte measured), byte tokens: the estimate from the files' sizes
@@ -243,6 +245,7 @@ def directory_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+@pytest.mark.slow
 def test_the_disk_estimate_holds_a_real_runs_records(tmp_path, runs_root):
     """A tiny run through the command line (W&B offline, per-layer records, a kept checkpoint): each record's
     estimate against the bytes the run wrote, an upper bound within DISK_TOLERANCE."""

@@ -174,6 +174,7 @@ def test_killed_run_rerun_matches_an_uninterrupted_run_step_by_step(tmp_path, ho
     assert losses(run_dir) == losses(straight.parent) and len(losses(run_dir)) == 160
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_its_wandb_run(tmp_path):
     from deepnorm_exp.train.trainer import Callback
 

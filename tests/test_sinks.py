@@ -21,6 +21,7 @@ def config(tmp_path, *overrides):
                                  *overrides])
 
 
+@pytest.mark.slow
 def test_offline_wandb_run_holds_the_logged_keys_grouping_and_config(tmp_path):
     summary = run_experiment(config(tmp_path, "logger=wandb", "norm=post", "depth=2",
                                     "experiment_name=sweep_a"), progress=False)
