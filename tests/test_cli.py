@@ -7,7 +7,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SUMMARY_KEYS = {"status", "steps_completed", "final_loss", "eval_loss", "optimal_loss", "excess_loss",
-                "diverged_at_step", "divergence_reason", "norm", "depth", "alpha", "beta", "params",
+                "diverged_at_step", "divergence_reason", "norm", "depth", "residual_multiplier", "branch_multiplier", "init_gain", "params",
                 "tokens_per_s", "wall_s", "trained", "unigram_loss"}
 
 
@@ -25,8 +25,8 @@ def test_single_run_writes_config_metrics_and_summary(cli, tiny, runs_root):
     summary = json.loads((run / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
     assert summary["status"] == "completed" and summary["steps_completed"] == 6
-    assert summary["alpha"] == {"decoder": pytest.approx(6**0.25)}
-    assert summary["beta"] == {"decoder": pytest.approx(24**-0.25)}
+    assert summary["residual_multiplier"] == {"decoder": pytest.approx(6**0.25)}
+    assert summary["init_gain"] == {"decoder": pytest.approx(24**-0.25)}
     assert summary["excess_loss"] == pytest.approx(summary["eval_loss"] - summary["optimal_loss"])
     assert summary["diverged_at_step"] is None and summary["params"] > 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -85,9 +85,9 @@ def test_encoder_decoder_run_reports_both_stacks_and_exact_match(cli, tiny, runs
     assert result.returncode == 0, result.stderr
     summary = json.loads((only_run(runs_root / "default") / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["model"] == "encdec"
-    assert summary["alpha"] == {"encoder": pytest.approx(0.81 * (3**4 * 2) ** (1 / 16)),
-                                "decoder": pytest.approx(6**0.25)}
-    assert set(summary["beta"]) == {"encoder", "decoder"}
+    assert summary["residual_multiplier"] == {"encoder": pytest.approx(0.81 * (3**4 * 2) ** (1 / 16)),
+                                              "decoder": pytest.approx(6**0.25)}
+    assert set(summary["init_gain"]) == {"encoder", "decoder"}
     assert 0.0 <= summary["exact_match"] <= 1.0 and summary["optimal_loss"] > 0
     assert summary["excess_loss"] == pytest.approx(summary["eval_loss"] - summary["optimal_loss"])
 

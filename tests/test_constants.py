@@ -5,6 +5,7 @@ import math
 import pytest
 
 from deepnorm_exp.errors import ConfigError
+from deepnorm_exp.constant_roles import ROLES
 from deepnorm_exp.schemes import build_scheme
 from deepnorm_exp.schemes.deepnorm import deepnorm_constants
 
@@ -12,10 +13,11 @@ from deepnorm_exp.schemes.deepnorm import deepnorm_constants
 @pytest.mark.parametrize("m", [1, 6, 12, 18, 100, 1000, 2500])
 def test_decoder_only_constants_follow_the_paper(m):
     scheme = build_scheme({"name": "deepnorm"}, {"decoder": m}, 1e-5)
-    assert scheme.alpha("decoder") == pytest.approx((2 * m) ** 0.25, rel=1e-12)
-    assert scheme.beta("decoder") == pytest.approx((8 * m) ** -0.25, rel=1e-12)
-    assert scheme.constants() == {"alpha": {"decoder": scheme.alpha("decoder")},
-                                  "beta": {"decoder": scheme.beta("decoder")}}
+    assert scheme.residual_multiplier("decoder") == pytest.approx((2 * m) ** 0.25, rel=1e-12)  # alpha
+    assert scheme.init_gain("decoder") == pytest.approx((8 * m) ** -0.25, rel=1e-12)  # beta
+    assert scheme.constants() == {"residual_multiplier": {"decoder": scheme.residual_multiplier("decoder")},
+                                  "branch_multiplier": {"decoder": 1.0},
+                                  "init_gain": {"decoder": scheme.init_gain("decoder")}}
 
 
 def test_known_values_at_depth_1000():
@@ -43,23 +45,23 @@ def test_encoder_decoder_constants(n, m):
 
 def test_glm130b_preset():
     scheme = build_scheme({"name": "deepnorm", "constants": "glm130b"}, {"decoder": 70}, 1e-5)
-    assert scheme.alpha("decoder") == pytest.approx(math.sqrt(140))
-    assert scheme.beta("decoder") == pytest.approx(1 / math.sqrt(140))
+    assert scheme.residual_multiplier("decoder") == pytest.approx(math.sqrt(140))
+    assert scheme.init_gain("decoder") == pytest.approx(1 / math.sqrt(140))
     with pytest.raises(ConfigError, match="single stack"):
         deepnorm_constants({"encoder": 6, "decoder": 6}, "encoder", "glm130b")
 
 
 def test_explicit_alpha_beta_override_the_preset():
     scheme = build_scheme({"name": "deepnorm", "alpha": 3.0, "beta": 0.5}, {"decoder": 24}, 1e-5)
-    assert (scheme.alpha("decoder"), scheme.beta("decoder")) == (3.0, 0.5)
+    assert (scheme.residual_multiplier("decoder"), scheme.init_gain("decoder")) == (3.0, 0.5)
     only_beta = build_scheme({"name": "deepnorm", "beta": 0.5}, {"decoder": 24}, 1e-5)
-    assert only_beta.alpha("decoder") == pytest.approx(48**0.25)
+    assert only_beta.residual_multiplier("decoder") == pytest.approx(48**0.25)
 
 
 @pytest.mark.parametrize("name", ["post", "pre"])
 def test_post_and_pre_have_unit_constants(name):
     scheme = build_scheme({"name": name}, {"decoder": 100}, 1e-5)
-    assert scheme.constants() == {"alpha": {"decoder": 1.0}, "beta": {"decoder": 1.0}}
+    assert scheme.constants() == {role: {"decoder": 1.0} for role in ROLES}
 
 
 @pytest.mark.parametrize("section,key", [

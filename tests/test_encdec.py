@@ -20,8 +20,8 @@ def test_summary_constants_carry_both_stacks(n, m):
 
     cfg = deepnorm_exp.compose(["model=encdec", "norm=deepnorm", f"model.encoder_depth={n}", f"model.decoder_depth={m}"])
     constants = make_scheme(cfg).constants()
-    assert constants["alpha"] == pytest.approx({"encoder": 0.81 * (n**4 * m) ** (1 / 16), "decoder": (3 * m) ** 0.25})
-    assert constants["beta"] == pytest.approx({"encoder": 0.87 * (n**4 * m) ** (-1 / 16), "decoder": (12 * m) ** -0.25})
+    assert constants["residual_multiplier"] == pytest.approx({"encoder": 0.81 * (n**4 * m) ** (1 / 16), "decoder": (3 * m) ** 0.25})
+    assert constants["init_gain"] == pytest.approx({"encoder": 0.87 * (n**4 * m) ** (-1 / 16), "decoder": (12 * m) ** -0.25})
 
 
 def test_depth_sets_both_stacks_and_overrides_set_them_apart():

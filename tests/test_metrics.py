@@ -532,7 +532,7 @@ def depth50_layers(tmp_path_factory):
                                     "model.d_model=32", "model.d_ff=128", "train.steps=10", "train.lr=1e-3",
                                     "train.warmup_steps=0", "train.eval_every=100", "metrics.layer_every=10"])
         summary = run_experiment(cfg, progress=False)
-        out[norm] = (load_layers(summary["run_dir"]), summary["alpha"]["decoder"])
+        out[norm] = (load_layers(summary["run_dir"]), summary["residual_multiplier"]["decoder"])
     return out
 
 

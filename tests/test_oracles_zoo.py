@@ -600,7 +600,7 @@ def test_deepscalelm_equals_the_official_megatron_layers(base, embedding_norm, d
                 module.bias.normal_(0.0, 0.2)
     first_norm = model.stream_in if embedding_norm else nn.Identity()
     layers, final = _dslm_layers(model, base == "post", first_norm)
-    lam, beta = scheme.alpha("decoder"), scheme.beta("decoder")
+    lam, beta = scheme.residual_multiplier("decoder"), scheme.branch_multiplier("decoder")
     tokens = _tokens(cfg)
     params = dict(model.named_parameters())
     ours = _hidden_and_grads(lambda: model.hidden(tokens), params)

@@ -69,13 +69,14 @@ def test_a_run_has_ended_when_its_summary_says_completed_or_diverged():
 def test_the_typed_summary_writes_every_field_in_order_with_the_constants_in_place():
     from deepnorm_exp.lifecycle.schema import RunSummary
 
-    summary = RunSummary(depth=6, constants={"alpha": {"decoder": 2.0}, "beta": {"decoder": 0.5}})
+    roles = {"residual_multiplier": {"decoder": 2.0}, "branch_multiplier": {"decoder": 1.0}, "init_gain": {"decoder": 0.5}}
+    summary = RunSummary(depth=6, constants=roles)
     summary.update(status="completed", eval_loss=1.5)
     record = summary.record()
     keys = list(record)
-    assert keys.index("seed") + 1 == keys.index("alpha") and keys.index("beta") + 1 == keys.index("params")
+    assert keys[keys.index("seed") + 1: keys.index("params")] == list(roles)
     assert "constants" not in record and record["status"] == "completed" and record["eval_loss"] == 1.5
-    assert keys[0] == "status" and keys[-1] == "error" and len(keys) == 44  # what new_summary's dict held
+    assert keys[0] == "status" and keys[-1] == "error" and len(keys) == 45
     with pytest.raises(AttributeError):
         summary.update(eval_los=1.0)  # a misspelt field is refused, never written as a new key
     with pytest.raises(AttributeError):
@@ -91,7 +92,7 @@ def test_every_summary_field_is_read_by_a_rule_and_named_in_the_records_page():
     from conftest import REPO
     from deepnorm_exp.lifecycle.schema import CONSTANTS, SUMMARY, RunSummary
 
-    written = [f.name for f in fields(RunSummary) if f.name != "constants"] + list(CONSTANTS)
+    written = [f.name for f in fields(RunSummary) if f.name != "constants"] + list(CONSTANTS)  # roles, old names
     unread = {f.name for f in fields(RunSummary) if f.metadata["check"] is None} - {"constants"}
     assert set(SUMMARY) == set(written) - unread and unread == {"divergence"}
     page = (REPO / "docs" / "records.md").read_text()
@@ -99,3 +100,42 @@ def test_every_summary_field_is_read_by_a_rule_and_named_in_the_records_page():
     documented = set(re.findall(r"`([a-z_]+)`", "\n".join(line.split(" | ")[0] for line in table.splitlines()
                                                           if line.startswith("| `"))))
     assert documented == set(written)
+
+
+def test_every_scheme_reports_its_constants_by_role_and_the_roles_mean_what_they_say():
+    from deepnorm_exp.constant_roles import ROLES
+    from deepnorm_exp.schemes import SCHEMES, build_scheme
+
+    for name in SCHEMES.names():
+        for depths in ({"decoder": 12}, {"encoder": 6, "decoder": 12}):
+            constants = build_scheme({"name": name}, depths, 1e-5).constants()
+            assert list(constants) == list(ROLES) and all(set(c) == set(depths) for c in constants.values()), name
+    # the names of the papers, by role: DeepNorm's alpha multiplies x, CompleteP's the branch, Sub-LN's is a gain
+    deepnorm = build_scheme({"name": "deepnorm"}, {"decoder": 12}, 1e-5).constants()
+    assert deepnorm["residual_multiplier"]["decoder"] == pytest.approx(24**0.25)
+    assert deepnorm["init_gain"]["decoder"] == pytest.approx(96**-0.25)
+    completep = build_scheme({"name": "completep", "base_depth": 3}, {"decoder": 12}, 1e-5).constants()
+    assert completep["branch_multiplier"]["decoder"] == pytest.approx(0.25) and completep["residual_multiplier"]["decoder"] == 1.0
+
+
+@pytest.mark.parametrize("norm, old, roles", [
+    ("deepnorm", {"alpha": {"decoder": 2.0}, "beta": {"decoder": 0.5}},
+     {"residual_multiplier": {"decoder": 2.0}, "init_gain": {"decoder": 0.5}}),
+    ("completep", {"alpha": {"decoder": 0.25}, "beta": {"decoder": 1.0}}, {"branch_multiplier": {"decoder": 0.25}}),
+    ("deepscalelm", {"alpha": {"decoder": 0.9}, "beta": {"decoder": 0.4}},
+     {"residual_multiplier": {"decoder": 0.9}, "branch_multiplier": {"decoder": 0.4}}),
+])
+def test_a_record_from_before_the_names_by_role_reads_as_the_roles(norm, old, roles):
+    from deepnorm_exp.constant_roles import by_role
+    from deepnorm_exp.lifecycle.schema import SUMMARY, fields_problem
+    from deepnorm_exp.lifecycle.summary import format_summary
+
+    record = {"norm": norm, **old}
+    assert by_role(record) == roles
+    assert by_role({"norm": norm, **roles, **old}) == roles  # a record by role is read as it is
+    assert fields_problem(record, SUMMARY) is None and "alpha is" in fields_problem({"alpha": "1"}, SUMMARY)
+    text = format_summary({"status": "completed", "trained": True, "depth": 6, "seed": 0, "run_dir": "r",
+                           "steps_completed": 1, "steps": 1, "wall_s": 1.0, "tokens_per_s": 1.0, "device": "cpu",
+                           "final_loss": 1.0, "eval_loss": 1.0, "optimal_loss": 0.5, "excess_loss": 0.5,
+                           "unigram_loss": 2.0, "params": 10, **record})
+    assert "decoder: " + ", ".join(f"{r.replace('_', ' ')} {v['decoder']:.4g}" for r, v in roles.items()) in text

@@ -117,10 +117,10 @@ def test_subln_puts_a_norm_inside_each_sublayer_and_scales_the_init_by_gamma():
     assert role_std(attn, "v") == pytest.approx(gamma * xavier_std(64, 64), rel=0.05)
     assert role_std(attn, "q") == pytest.approx(xavier_std(64, 64), rel=0.05)
     assert role_std(ffn, "fc1") == pytest.approx(gamma * xavier_std(64, 256), rel=0.05)
-    assert scheme.constants()["beta"] == {"decoder": pytest.approx(gamma)}
+    assert scheme.constants()["init_gain"] == {"decoder": pytest.approx(gamma)}
     _, encdec = build("subln", 6, model="encdec")
-    assert encdec.beta("encoder") == pytest.approx(math.sqrt(math.log(18) * math.log(12) / 3))
-    assert encdec.beta("decoder") == pytest.approx(math.sqrt(math.log(18)))
+    assert encdec.init_gain("encoder") == pytest.approx(math.sqrt(math.log(18) * math.log(12) / 3))
+    assert encdec.init_gain("decoder") == pytest.approx(math.sqrt(math.log(18)))
 
 
 def test_subln_leaves_the_cross_attention_as_torchscale_and_magneto_do():
@@ -128,7 +128,7 @@ def test_subln_leaves_the_cross_attention_as_torchscale_and_magneto_do():
     `if subln and self.self_attention`) and its Sub-LN init loop skips `encoder_attn`; Magneto's authors
     use neither for cross-attention (borisdayma/dalle-mini PR #311). Self-attention and FFN keep both."""
     model, scheme = build("subln", 6, *WIDE, model="encdec")
-    gamma = scheme.beta("decoder")
+    gamma = scheme.init_gain("decoder")
     block = model.decoder[2]
     assert isinstance(block.cross.sublayer.inner_norm, nn.Identity)
     for role in ("q", "k", "v", "out"):
@@ -246,7 +246,7 @@ def test_admin_closed_form_omega():
     omega = math.sqrt((n + 1) / math.log(n + 1) - 1)
     assert model.blocks[3].ffn.omega.detach() == pytest.approx(torch.full((64,), omega).numpy())
     _, encdec = build("admin", 6, "norm.omega=closed_form", model="encdec")
-    assert encdec.alpha("decoder") == pytest.approx(math.sqrt(19 / math.log(19) - 1))  # 3 per decoder layer
+    assert encdec.residual_multiplier("decoder") == pytest.approx(math.sqrt(19 / math.log(19) - 1))  # 3 per decoder layer
 
 
 @pytest.mark.parametrize("omega_param", ["vector", "scalar"])
@@ -392,16 +392,17 @@ def test_hybridnorm_keeps_the_qk_norm_mitigations_kind_on_q_and_k():
 # -- DeepScaleLM -----------------------------------------------------------------------------------------
 def test_deepscalelm_constants_keep_the_streams_moment_and_follow_k_over_n():
     _, scheme = build("deepscalelm", 48)
-    assert scheme.beta("decoder") ** 2 == pytest.approx(2 / 96)  # k = 2 over 2 residual adds per layer
-    assert scheme.alpha("decoder") ** 2 + scheme.beta("decoder") ** 2 == pytest.approx(1.0)
+    lam, beta = scheme.residual_multiplier("decoder"), scheme.branch_multiplier("decoder")
+    assert beta**2 == pytest.approx(2 / 96)  # k = 2 over 2 residual adds per layer
+    assert lam**2 + beta**2 == pytest.approx(1.0)
     _, encdec = build("deepscalelm", 6, "norm.k=1.5", model="encdec")
-    assert encdec.beta("encoder") ** 2 == pytest.approx(1.5 / 12)
-    assert encdec.beta("decoder") ** 2 == pytest.approx(1.5 / 18)  # 3 adds per decoder layer (cross-attention)
+    assert encdec.branch_multiplier("encoder") ** 2 == pytest.approx(1.5 / 12)
+    assert encdec.branch_multiplier("decoder") ** 2 == pytest.approx(1.5 / 18)  # 3 adds per decoder layer (cross-attention)
 
 
 def test_deepscalelm_blocks_in_both_placements():
     model, scheme = build("deepscalelm", 8, *WIDE)
-    lam, beta = scheme.alpha("decoder"), scheme.beta("decoder")
+    lam, beta = scheme.residual_multiplier("decoder"), scheme.branch_multiplier("decoder")
     block, x = model.blocks[2].attn, x_like()
     assert torch.allclose(block(x), lam * x + beta * block.sublayer(block.norm(x)), atol=1e-6)
     post, scheme = build("deepscalelm", 8, *WIDE, "norm.base=post")

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
+from ..constant_roles import LEGACY_NAMES, ROLES
+
 # The names that are shown on pages and joined into file paths: a run's directory name (rundir.py writes
 # [A-Za-z0-9_.=+-] and "~"), a scheme's, a diagnosis kind, a device ("cuda:0"). None holds a character
 # that Markdown or HTML would read as syntax, or a path separator.
@@ -161,8 +163,8 @@ class RunSummary:
             setattr(self, key, value)
 
     def record(self) -> dict:
-        """The summary as summary.json holds it: the fields in order, the scheme's constants (alpha and beta,
-        per stack) in place of `constants`."""
+        """The summary as summary.json holds it: the fields in order, the scheme's constants (by role, per
+        stack: constant_roles.ROLES) in place of `constants`."""
         out: dict = {}
         for item in fields(self):
             if item.name == "constants":
@@ -172,7 +174,8 @@ class RunSummary:
         return out
 
 
-CONSTANTS: dict[str, Check] = {"alpha": _per_stack, "beta": _per_stack}  # NormScheme.constants()' keys
+# NormScheme.constants()' keys, and the names records written before them used (still read: constant_roles)
+CONSTANTS: dict[str, Check] = {name: _per_stack for name in (*ROLES, *LEGACY_NAMES)}
 LOSSES = ("final_loss", "eval_loss", "excess_loss", "learned_fraction")  # finite in a completed run (the first two)
 SUMMARY: dict[str, Check] = {item.name: item.metadata["check"] for item in fields(RunSummary)
                              if item.metadata["check"] is not None} | CONSTANTS

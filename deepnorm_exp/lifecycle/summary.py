@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from ..constant_roles import by_role
 from ..records import read_json, utc_now, write_json
 from ..rundir import RunDir
 from .schema import REQUIRED, RunSummary, summary_problem
@@ -93,7 +94,11 @@ def format_summary(s: dict) -> str:
         state += f" at step {s['diverged_at_step']}: {s['divergence_reason']}"
     elif s.get("error"):
         state += f": {s['error']}"
-    constants = "  ".join(f"{stack} {s['alpha'][stack]:.4g} / {s['beta'][stack]:.4g}" for stack in s["alpha"])
+    roles = by_role(s)
+    stacks = next(iter(roles.values()), {})
+    constants = "  ".join(f"{stack}: " + ", ".join(f"{role.replace('_', ' ')} {values[stack]:.4g}"
+                                                 for role, values in roles.items() if stack in values)
+                          for stack in stacks)
     lines = [
         f"{s['norm']} L{s['depth']} seed {s['seed']}  ->  {s['run_dir']}",
         f"  status      {state}",
@@ -102,7 +107,7 @@ def format_summary(s: dict) -> str:
         f"  loss        final {_fmt(s['final_loss'])}  eval {_fmt(s['eval_loss'])}  "
         f"optimal {_fmt(s['optimal_loss'])}  excess {_fmt(s['excess_loss'])}  unigram {_fmt(s['unigram_loss'])}",
         f"  diagnosis   {describe_diagnosis(s.get('diagnosis'))}",
-        f"  alpha/beta  {constants}",
+        f"  constants   {constants or '-'}",
         f"  params      {_fmt(s['params'], ',')}",
     ]
     return "\n".join(lines)

@@ -80,11 +80,11 @@ class Admin(PostNorm):
         n = sublayers_per_layer(self.depths, stack) * self.depths[stack]
         return math.sqrt((n + 1) / math.log(n + 1) - 1)
 
-    def alpha(self, stack: str) -> float:  # reported as alpha: closed form, or 1 before profiling
+    def residual_multiplier(self, stack: str) -> float:  # omega: closed form, or 1 before profiling
         return self.closed_form(stack) if self.cfg.omega == "closed_form" else 1.0
 
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
-        return AdminResidual(sublayer, self.norm(sublayer.d_model), self.alpha(stack),
+        return AdminResidual(sublayer, self.norm(sublayer.d_model), self.residual_multiplier(stack),
                              trained=self.cfg.omega_param == "vector")
 
     @torch.no_grad()

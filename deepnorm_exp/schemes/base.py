@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..config import setting
+from ..constant_roles import ROLES
 
 
 class Sublayer(Protocol):
@@ -87,21 +88,22 @@ class NormScheme:
         self.eps = eps
 
     # --- constants -------------------------------------------------------------------------------
-    def alpha(self, stack: str) -> float:
-        """Multiplier of the residual stream x in the combine."""
+    # named by the role each plays (constant_roles.ROLES), whatever the scheme's paper calls it
+    def residual_multiplier(self, stack: str) -> float:
+        """Multiplier of the residual stream x where the branch joins it."""
         return 1.0
 
-    def beta(self, stack: str) -> float:
-        """The scheme's second constant: DeepNorm's and Sub-LN's init gain for the projections they scale
-        (see `gain`), DeepScaleLM's branch multiplier."""
+    def branch_multiplier(self, stack: str) -> float:
+        """Multiplier of the branch G(x)."""
+        return 1.0
+
+    def init_gain(self, stack: str) -> float:
+        """The init gain of the projections the scheme scales (see `gain`)."""
         return 1.0
 
     def constants(self) -> dict[str, dict[str, float]]:
-        """{"alpha": {stack: value}, "beta": {stack: value}}: what summary.json reports."""
-        return {
-            "alpha": {s: self.alpha(s) for s in self.depths},
-            "beta": {s: self.beta(s) for s in self.depths},
-        }
+        """{role: {stack: value}} for every role of constant_roles.ROLES: what summary.json reports."""
+        return {role: {s: getattr(self, role)(s) for s in self.depths} for role in ROLES}
 
     # --- structure ------------------------------------------------------------------------------
     def norm(self, d_model: int) -> nn.Module:
@@ -151,7 +153,7 @@ class NormScheme:
 
     # --- initialisation -------------------------------------------------------------------------
     def gain(self, role: str, stack: str, layer: int) -> float:
-        """Xavier gain of one projection; DeepNorm-like schemes return beta for v, out, fc1, fc2."""
+        """Xavier gain of one projection; DeepNorm-like schemes return their init gain for v, out, fc1, fc2."""
         return 1.0
 
     @torch.no_grad()

@@ -50,11 +50,11 @@ class CompleteP(PreNorm):
     def depth_multiplier(self, stack: str) -> float:
         return self.depths[stack] / self.cfg.base_depth
 
-    def alpha(self, stack: str) -> float:  # reported as alpha: the branch multiplier m^-depth_alpha
+    def branch_multiplier(self, stack: str) -> float:  # m^-depth_alpha
         return self.depth_multiplier(stack) ** -self.cfg.depth_alpha
 
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
-        return BranchScaledResidual(sublayer, self.norm(sublayer.d_model), self.alpha(stack), learnable=False)
+        return BranchScaledResidual(sublayer, self.norm(sublayer.d_model), self.branch_multiplier(stack), learnable=False)
 
     def block_lr_factor(self, stack: str) -> float:
         return self.depth_multiplier(stack) ** (self.cfg.depth_alpha - 1) if self.cfg.lr_rule else 1.0

@@ -68,18 +68,18 @@ class DeepNorm(PostNorm):
     Config = DeepNormConfig
     cfg: DeepNormConfig
 
-    def alpha(self, stack: str) -> float:
+    def residual_multiplier(self, stack: str) -> float:  # the paper's alpha
         if self.cfg.alpha is not None:
             return self.cfg.alpha
         return deepnorm_constants(self.depths, stack, self.cfg.constants)[0]
 
-    def beta(self, stack: str) -> float:
+    def init_gain(self, stack: str) -> float:  # the paper's beta
         if self.cfg.beta is not None:
             return self.cfg.beta
         return deepnorm_constants(self.depths, stack, self.cfg.constants)[1]
 
     def gain(self, role: str, stack: str, layer: int) -> float:
-        return self.beta(stack) if role in BETA_ROLES else 1.0
+        return self.init_gain(stack) if role in BETA_ROLES else 1.0
 
     @torch.no_grad()
     def init_sublayer(self, sublayer, stack: str, layer: int) -> None:

@@ -110,18 +110,19 @@ class DeepScaleLM(PostOrPre):
         per_layer = 3 if stack == "decoder" and "encoder" in self.depths else 2  # cross-attention: the third
         return per_layer * self.depths[stack]
 
-    def beta(self, stack: str) -> float:  # the branch's multiplier
+    def branch_multiplier(self, stack: str) -> float:  # the paper's beta
         return math.sqrt(self.cfg.k / self.residual_adds(stack))
 
-    def alpha(self, stack: str) -> float:  # the stream's multiplier, lambda
-        return math.sqrt(1 - self.beta(stack) ** 2)
+    def residual_multiplier(self, stack: str) -> float:  # the paper's lambda
+        return math.sqrt(1 - self.branch_multiplier(stack) ** 2)
 
     def stream_in(self, d_model: int, stack: str) -> nn.Module:
         return self.norm(d_model) if self.cfg.embedding_norm else nn.Identity()
 
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         cls = ScaledPostNormResidual if self.cfg.base == "post" else ScaledPreNormResidual
-        return cls(sublayer, self.norm(sublayer.d_model), self.alpha(stack), self.beta(stack))
+        return cls(sublayer, self.norm(sublayer.d_model), self.residual_multiplier(stack),
+                   self.branch_multiplier(stack))
 
     def role_std(self, role: str, sublayer: Sublayer) -> float:
         d, keep = sublayer.d_model, 1 - sublayer.drop.p

@@ -128,7 +128,7 @@ class NGPT(NormScheme):
     cfg: NGPTConfig
     unshardable = "renormalises whole weight matrices after every step, which FSDP2's shards do not hold"
 
-    def alpha(self, stack: str) -> float:  # reported: the eigen learning rates at init
+    def branch_multiplier(self, stack: str) -> float:  # the eigen learning rates at init: the step toward G
         return self.cfg.alpha_init
 
     def stream_in(self, d_model: int, stack: str) -> nn.Module:

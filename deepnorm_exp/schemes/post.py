@@ -30,7 +30,7 @@ class PostNorm(NormScheme):
     Config = NormedConfig
 
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
-        return PostNormResidual(sublayer, self.norm(sublayer.d_model), self.alpha(stack))
+        return PostNormResidual(sublayer, self.norm(sublayer.d_model), self.residual_multiplier(stack))
 
 
 @register("post")

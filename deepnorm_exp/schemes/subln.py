@@ -26,14 +26,14 @@ from .pre import PreNorm
 
 @register("subln")
 class SubLN(PreNorm):
-    def beta(self, stack: str) -> float:  # reported as beta: the init gain of fc1, fc2, v, out
+    def init_gain(self, stack: str) -> float:  # of fc1, fc2, v, out
         n, m = self.depths.get("encoder"), self.depths.get("decoder")
         if n is not None and m is not None:
             return math.sqrt(math.log(3 * m) * math.log(2 * n) / 3) if stack == "encoder" else math.sqrt(math.log(3 * m))
         return math.sqrt(math.log(2 * self.depths[stack]))
 
     def gain(self, role: str, stack: str, layer: int) -> float:
-        return self.beta(stack) if role in BETA_ROLES else 1.0
+        return self.init_gain(stack) if role in BETA_ROLES else 1.0
 
     @torch.no_grad()
     def init_sublayer(self, sublayer: Sublayer, stack: str, layer: int) -> None:

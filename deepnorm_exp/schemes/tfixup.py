@@ -47,12 +47,12 @@ class TFixup(NormScheme):
     Config = TFixupConfig
     cfg: TFixupConfig
 
-    def beta(self, stack: str) -> float:  # reported as beta: the scale of v, out, fc1, fc2
+    def init_gain(self, stack: str) -> float:  # the scale of v, out, fc1, fc2
         layers = self.depths[stack]
         return 0.67 * layers ** -0.25 if stack == "encoder" else (9 * layers) ** -0.25
 
     def gain(self, role: str, stack: str, layer: int) -> float:
-        return self.beta(stack) if role in BETA_ROLES else 1.0
+        return self.init_gain(stack) if role in BETA_ROLES else 1.0
 
     @torch.no_grad()
     def init_sublayer(self, sublayer: Sublayer, stack: str, layer: int) -> None:
