@@ -19,7 +19,6 @@ import deepnorm_exp
 from deepnorm_exp import records
 from deepnorm_exp.errors import ConfigError, RecordError
 from deepnorm_exp.lifecycle.run import run_experiment
-from deepnorm_exp.train import checkpoint
 from deepnorm_exp.train.trainer import Callback
 
 from conftest import REPO, TINY, TINY_MODEL, PausedRun, run_cli, write_text
@@ -266,55 +265,7 @@ def test_a_full_disk_fails_in_one_line_with_a_summary_and_the_rerun_is_not_block
     assert records.read_json(run_dir / "summary.json")["status"] == "completed"
 
 
-# -- 5. a damaged checkpoint ------------------------------------------------------------------------------------
-def flip_tensor_byte(path: Path) -> None:
-    """Flip one bit in the middle of the largest tensor's bytes, where torch.load alone reads it without a
-    word. (The middle of the file can fall in the zip's alignment padding, which no CRC covers and no reader
-    reads: a flip there damages nothing.)"""
-    import zipfile
-
-    with zipfile.ZipFile(path) as archive:
-        largest = max(archive.infolist(), key=lambda info: info.file_size)
-    data = bytearray(path.read_bytes())
-    header = largest.header_offset
-    name_length, extra_length = int.from_bytes(data[header + 26:header + 28], "little"), \
-        int.from_bytes(data[header + 28:header + 30], "little")
-    data[header + 30 + name_length + extra_length + largest.file_size // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def test_a_checkpoint_with_a_flipped_bit_is_refused_instead_of_training_from_wrong_weights(tmp_path):
-    state = {"step": 3, "w": torch.randn(200, 200)}
-    torch.save(state, tmp_path / "checkpoint.pt")
-    flip_tensor_byte(tmp_path / "checkpoint.pt")
-    loaded = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    assert not torch.equal(loaded["w"], state["w"])  # what verification guards against
-    with pytest.raises(RecordError, match="fails its CRC check"):
-        checkpoint.load(tmp_path / "checkpoint.pt")
-    (tmp_path / "checkpoint.pt").write_bytes((tmp_path / "checkpoint.pt").read_bytes()[:1000])
-    with pytest.raises(RecordError, match="checkpoint.pt is damaged"):
-        checkpoint.load(tmp_path / "checkpoint.pt")
-
-
-@pytest.mark.slow
-def test_a_damaged_checkpoint_is_one_line_every_time_and_resume_false_starts_over(tmp_path):
-    args = [*TINY, "train.steps=40", "train.ckpt_every=10", "logger=none", f"paths.runs={tmp_path}"]
-    run = PausedRun(args, step=25, directory=tmp_path / "pause")
-    run.wait_paused()
-    run.proc.kill()
-    run.finish()
-    (saved,) = tmp_path.glob("default/*/checkpoint.pt")  # step 20's
-    run_dir = saved.parent
-    flip_tensor_byte(saved)  # (a truncated file: the unit test above)
-    for _ in range(2):  # the same one line on every re-run, never a traceback
-        again = run_cli(*args)
-        assert again.returncode == 1
-        line = one_error_line(again)
-        assert str(saved) in line and "resume=false" in line
-        assert records.read_json(run_dir / "summary.json")["status"] == "failed"
-    fresh = run_cli(*args, "resume=false")
-    assert fresh.returncode == 0, fresh.stderr[-3000:]
-    assert records.read_json(run_dir / "summary.json")["status"] == "completed"
+# -- 5. a damaged checkpoint: test_checkpoint.py ------------------------------------------------------------
 
 
 # -- 6. a damaged data-cache entry ------------------------------------------------------------------------------
