@@ -23,6 +23,9 @@ WORDS = ("the of and to in a is that for it as was with be by on not he this are
          "have an they you were her she there had all one we their über straße naïve 東京").split()
 
 
+LONG = "a" * 10_000  # a hostile value: far past any line's length
+
+
 def slow_beyond_first(cases: list) -> list:
     """Parametrize cases that take one path with other inputs: the first runs in `make test-fast`, the rest
     (marked slow) only in `make test`."""

@@ -18,7 +18,7 @@ from deepnorm_exp.analysis.claims import CLAIMS
 from deepnorm_exp.analysis import (comparison_table, load_events, load_layer_records, load_scalars,
                                    plots)
 from deepnorm_exp.analysis.report import write_report
-from deepnorm_exp.rundir import StudyDir
+from deepnorm_exp.rundir import RunDir, StudyDir
 from deepnorm_exp.analysis.blocks import generated_blocks
 from deepnorm_exp.analysis.evidence import Evidence
 
@@ -415,3 +415,38 @@ def test_published_records_give_back_exactly_what_the_raw_runs_give(sweep, tmp_p
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == files
     raw_bytes = sum(p.stat().st_size for p in sweep.rglob("*") if p.is_file())
     assert sum(map(len, files.values())) < raw_bytes / 2  # 69 kB of 215 kB for these 13 tiny runs
+
+
+# -- hostile input (issue 23): the report: an unreadable config, runs in progress ----------------------------
+def test_a_report_over_a_run_with_an_unreadable_config_and_runs_in_progress(tmp_path):
+    from deepnorm_exp.analysis import load_runs
+    from deepnorm_exp.analysis.report import build_report
+    from deepnorm_exp.lifecycle.run import run_experiment
+
+    from test_faults import config
+
+    summary = run_experiment(config(tmp_path, "train.steps=4", "metrics.layer_every=2"), progress=False)
+    done = Path(summary["run_dir"])
+    (done / "config.yaml").write_text("{{{ not yaml")
+    page = build_report(tmp_path / "default")  # was: KeyError 'model.d_model' from the LN-input figure
+    assert "<h2>LayerNorm input norm</h2>" in page and "<h2>Runs</h2>" in page
+    # A run started just now (config, no summary) and a resumed one (an earlier attempt's summary), both held.
+    fresh, resumed = tmp_path / "default" / "fresh-s0", tmp_path / "default" / "resumed-s0"
+    for run in (fresh, resumed):
+        run.mkdir()
+        (run / "config.yaml").write_text("norm:\n  name: post\ndepth: 6\nseed: 0\nexperiment_name: default\n")
+    earlier = json.loads((done / "summary.json").read_text())
+    (resumed / "summary.json").write_text(json.dumps({**earlier, "status": "interrupted", "run_name": resumed.name,
+                                                      "run_dir": str(resumed)}))
+    locks = [RunDir(fresh).lock(), RunDir(resumed).lock()]
+    assert all(lock.acquire() for lock in locks)
+    try:
+        runs = load_runs(tmp_path / "default").set_index("run_dir")
+        assert runs.loc[str(fresh), "status"] == runs.loc[str(resumed), "status"] == "running"
+        assert runs.loc[str(fresh), "norm"] == "post" and runs.loc[str(done), "status"] == "completed"
+        assert "2 run(s) running or unfinished" in build_report(tmp_path / "default")
+    finally:
+        for lock in locks:
+            lock.release()
+    runs = load_runs(tmp_path / "default").set_index("run_dir")
+    assert (runs.loc[str(fresh), "status"], runs.loc[str(resumed), "status"]) == ("unfinished", "interrupted")

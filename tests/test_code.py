@@ -44,3 +44,17 @@ def test_the_code_map_names_every_module():
                if path.name != "__init__.py" and path.name not in page
                and not (path.parent.name == "schemes" and "\n@register(" in path.read_text())]
     assert unnamed == []
+
+
+# -- hostile input (issue 23): a module name users typed before the regrouping -------------------------------
+def test_an_old_module_name_fails_in_one_line_naming_the_new_one():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    result = subprocess.run([sys.executable, "-m", "deepnorm_exp.report", "runs/x"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "python -m deepnorm_exp.analysis.report" in line

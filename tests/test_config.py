@@ -16,6 +16,8 @@ from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.rundir import run_name
 from deepnorm_exp.schemes import SCHEMES
 
+from conftest import LONG
+
 
 def group_options():
     for group_dir in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()):
@@ -223,3 +225,24 @@ def test_deleting_a_plug_in_key_is_one_line():
     default applies anyway). Said in one line naming the key; this was an IndexError traceback."""
     with pytest.raises(ConfigError, match=r"^data\.seed=~ is invalid: .*does not support deletion"):
         deepnorm_exp.compose(["~data.seed"])
+
+
+# -- hostile input (issue 23): hostile values: one line, no run directory ------------------------------------
+@pytest.mark.parametrize("override", [f"seed={2**70}", "seed=-1", "data.seed=-1", f"train.lr={LONG}",
+                                      f"norm={LONG}", f"+x{LONG}=1", f"depth={'9' * 10_000}", f"train.schedule={LONG}"])
+def test_hostile_values_are_one_short_line_before_any_run_directory(tmp_path, capsys, override):
+    from test_faults import refused
+
+    from conftest import TINY
+
+    line = refused([*TINY, f"paths.runs={tmp_path / 'runs'}", "logger=none", override], capsys)
+    assert len(line) < 600, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_echoed_value_is_cut_and_its_control_characters_escaped():
+    from deepnorm_exp.errors import ConfigError
+
+    message = str(ConfigError("experiment_name", "x" * 10_000 + "\n", f"Value '{'x' * 10_000}' is bad"))
+    assert "\n" not in message and len(message) < 600 and "(10,001 characters)" in message
+    assert str(ConfigError("k", "a\tb\nc", "why")) == "k=a\\tb\\nc is invalid: why"

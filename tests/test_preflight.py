@@ -258,3 +258,80 @@ def test_the_memory_estimate_holds_every_schemes_activations_within_a_factor_of_
                      for depth in (2, 4)]
         estimated = (estimates[1] - estimates[0]) / (2 * 16 * 4)
         assert measured <= estimated <= 2 * measured, (norm, measured / 64, estimated / 64)
+
+
+# -- hostile input (issue 23): the batch's layout, from the world size the launch will have ------------------
+@pytest.mark.parametrize("overrides, key", [(["train.batch_size=5"], "train.batch_size"),
+                                            (["train.batch_size=8", "train.micro_batch_size=8"], "train.micro_batch_size")])
+def test_a_batch_that_does_not_split_over_the_ranks_is_refused_before_a_run_directory(tmp_path, monkeypatch,
+                                                                                      overrides, key):
+    from deepnorm_exp.errors import ConfigError
+    from deepnorm_exp.preflight import preflight
+
+    from conftest import TINY
+
+    args = [*TINY, f"paths.runs={tmp_path / 'runs'}", "logger=none", *overrides]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node=2 starts each rank
+    with pytest.raises(ConfigError, match=rf"^{key}=\d+ is invalid: must (split evenly over the 2 |divide each process.s 4 rows)"):
+        preflight(args)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(ConfigError, match=rf"^{key}="):  # a submitit job of 2 tasks: 2 ranks
+        preflight(["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", *args])
+    if key == "train.batch_size":
+        preflight(args)  # one process: 5 rows are one share
+    assert not (tmp_path / "runs").exists()
+
+
+# -- hostile input (issue 23): interpolations in overrides survive the pre-flight ----------------------------
+@pytest.mark.parametrize("sweeper", [[], ["hydra/sweeper=frontier"]])
+def test_an_interpolation_in_an_override_is_kept_as_hydra_keeps_it(tmp_path, sweeper):
+    from deepnorm_exp.preflight import preflight
+
+    from conftest import TINY
+
+    jobs, multirun = preflight(["-m", *sweeper, "norm=post,pre", "hydra.sweep.subdir=job${hydra.job.num}",
+                                "experiment_name=x_${norm.name}", *TINY, f"paths.runs={tmp_path}", "logger=none"])
+    assert multirun and len(jobs) >= 2
+    assert {job.cfg.experiment_name for job in jobs} == {"x_post", "x_pre"}
+
+
+# -- hostile input (issue 23): start-up: the jobs the pre-flight checked are not composed a second time ------
+def test_the_default_sweeper_validates_only_the_jobs_the_preflight_did_not_check(tmp_path, monkeypatch):
+    from conftest import TINY
+    from deepnorm_exp.preflight import checked_sweeper_override, preflight
+
+    jobs, _ = preflight(["-m", "norm=post,pre", *TINY, f"paths.runs={tmp_path}", "logger=none"])
+    # After a pre-flight: Hydra's first plugin scan re-executes the plugin modules (and its own
+    # basic_sweeper.py) in place, so classes taken before it are not the ones Hydra launches with.
+    from hydra_plugins.deepnorm_exp_frontier._hydra_internals import basic_sweeper
+    from hydra_plugins.deepnorm_exp_frontier.checked_sweeper import CheckedSweeper
+
+    BasicSweeper = basic_sweeper()[0]
+
+    assert checked_sweeper_override(jobs) == ["hydra/sweeper=checked"]  # what the command launches with
+    validated = []
+    monkeypatch.setattr(BasicSweeper, "validate_batch_is_legal", lambda self, batch: validated.append(batch))
+    sweeper = CheckedSweeper(max_batch_size=None, params=None)
+    sweeper.validate_batch_is_legal([job.overrides for job in jobs])
+    assert validated == []  # Hydra's validation composes each job again: 5.5 s of 54 jobs' start-up
+    unchecked = [*jobs[0].overrides, "depth=3"]
+    sweeper.validate_batch_is_legal([jobs[0].overrides, unchecked])
+    assert validated == [[unchecked]]
+    frontier, _ = preflight(["-m", "hydra/sweeper=frontier", "norm=post,pre", *TINY, f"paths.runs={tmp_path}"])
+    assert checked_sweeper_override(frontier) == []  # a sweeper chosen otherwise is launched as it is
+
+
+def test_each_preflight_checks_its_own_jobs_and_a_single_run_trains_in_this_process(tmp_path):
+    from deepnorm_exp.preflight import preflight, was_checked
+
+    from conftest import TINY
+
+    args = [*TINY, f"paths.runs={tmp_path}", "logger=none"]
+    basic, _ = preflight(["-m", "norm=post,pre", *args])
+    assert all(was_checked(job.overrides) for job in basic)
+    preflight(["-m", "hydra/sweeper=frontier", "norm=post,pre", *args])
+    assert not any(was_checked(job.overrides) for job in basic)  # an earlier command's checks do not carry over
+    # not a sweep: the launcher's 8 tasks per node do not apply to it (it trains here, on one process)
+    preflight(["hydra/launcher=slurm_multigpu", *args, "train.batch_size=4"])

@@ -3,7 +3,6 @@ end to end through `make results`, is tested in test_analysis.py on a real tiny 
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -384,3 +383,35 @@ def test_the_code_table_says_whether_a_study_flushed_subnormals():
     assert subnormals(pd.DataFrame([new])) == "flushed"
     assert subnormals(pd.DataFrame([old])) == "kept (before train.flush_denormal)"
     assert subnormals(pd.DataFrame([new, old])) == "mixed"
+
+
+# -- hostile input (issue 23): regenerating the results page from fewer records than it shows ----------------
+def test_the_results_page_is_not_replaced_from_records_that_lack_its_studies(tmp_path, capsys):
+    from deepnorm_exp.analysis.results import main
+
+    docs, root = tmp_path / "docs", tmp_path / "runs"
+    docs.mkdir()
+    root.mkdir()
+    page = "# Results\n\n## Quick start\n\nsome table\n\n<!-- study:quickstart runs=6 -->\n"
+    (docs / "results.md").write_text(page)
+    with pytest.raises(SystemExit) as exit:
+        main([str(root), "--out", str(docs)])
+    assert exit.value.code == 2 and "quickstart (0 of 6 runs here)" in capsys.readouterr().err
+    assert (docs / "results.md").read_text() == page
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:presets -->\nthe presets' times\n<!-- /results:presets -->\n")
+    with pytest.raises(SystemExit):
+        main([str(root), "--out", str(docs), "--readme", str(readme)])
+    assert "the presets' times" in readme.read_text()  # a block that summarizes every study waits for the page
+    main([str(root), "--out", str(docs), "--allow-missing"])
+    assert "<!-- study:quickstart runs=0 -->" in (docs / "results.md").read_text()
+
+
+def test_a_page_written_before_the_counts_were_marked_is_read_by_its_sections():
+    from deepnorm_exp.analysis.results import published_runs
+    from deepnorm_exp.analysis.studies import STUDIES
+
+    titles = {s.name: s.title for s in STUDIES}
+    page = (f"# Results\n\n## {titles['quickstart']}\n\nabout\n\n| a |\n\n## {titles['zoo_depth_sweep']}\n\n"
+            "about\n\nNot run yet.\n")
+    assert published_runs(page) == {"quickstart": None}

@@ -6,8 +6,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import deepnorm_exp
 from deepnorm_exp.rundir import RunDir, StudyDir
+
+from conftest import LONG
 
 PACKAGE = Path(deepnorm_exp.__file__).parent
 SOURCES = [path for folder in ("deepnorm_exp", "hydra_plugins", "benchmarks")
@@ -64,3 +68,51 @@ def test_the_lock_is_exclusive_and_seen_from_outside(tmp_path):
     finally:
         holder.release()
     assert not RunDir(tmp_path).held_elsewhere()
+
+
+# -- hostile input (issue 23): every record inside paths.runs ------------------------------------------------
+@pytest.mark.parametrize("name", ["../../escape", "ABSOLUTE", "..", ".", "", ".cache", "a\nb", "a/b", LONG])
+def test_an_experiment_name_that_is_not_one_directory_name_is_refused_before_anything_is_written(tmp_path, capsys,
+                                                                                                 name):
+    from test_faults import refused
+
+    from conftest import TINY
+
+    root = tmp_path / "nest" / "runs"
+    name = str(tmp_path / "elsewhere") if name == "ABSOLUTE" else name
+    for mode in ([], ["-m"]):
+        line = refused([*mode, *TINY, f"paths.runs={root}", "logger=none", f"experiment_name={name}"], capsys)
+        assert "experiment_name=" in line or "override=" in line  # (a raw newline: Hydra's lexer refuses it)
+        assert len(line) < 400
+    assert list(tmp_path.iterdir()) == []  # nothing written, inside paths.runs or out
+
+
+def test_a_run_directory_outside_paths_runs_is_refused_by_the_function_that_derives_it(tmp_path):
+    from omegaconf import OmegaConf
+
+    from deepnorm_exp.errors import ConfigError
+    from deepnorm_exp.rundir import run_dir
+
+    for name in ("../escape", "/abs", "..", "a/../.."):  # what validation refuses first, here straight to it
+        cfg = OmegaConf.create({"paths": {"runs": str(tmp_path / "runs")}, "experiment_name": name})
+        with pytest.raises(ConfigError, match="outside paths.runs"):
+            run_dir(cfg, "post-L6-s0")
+    cfg = OmegaConf.create({"paths": {"runs": str(tmp_path / "runs")}, "experiment_name": "ok"})
+    assert run_dir(cfg, "post-L6-s0") == tmp_path / "runs" / "ok" / "post-L6-s0"
+
+
+# -- hostile input (issue 23), found by a review -------------------------------------------------------------
+def test_a_run_waits_out_a_readers_probe_of_its_lock_but_not_a_run(tmp_path):
+    import threading
+
+    holder = RunDir(tmp_path).lock()
+    assert holder.acquire()
+    threading.Timer(0.2, holder.release).start()
+    waiting = RunDir(tmp_path).lock()
+    assert waiting.acquire(patience=2.0)  # released within its patience
+    waiting.release()
+    assert holder.acquire()
+    try:
+        assert not RunDir(tmp_path).lock().acquire(patience=0.2)
+    finally:
+        holder.release()

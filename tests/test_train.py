@@ -274,3 +274,18 @@ def test_a_run_stored_before_its_schemes_key_existed_compares_as_what_it_trained
     if absent_means:
         check_same_training(stored, deepnorm_exp.compose([*TINY, f"paths.runs={tmp_path}", f"norm={norm}",
                                                           f"norm.{absent_means}"]), tmp_path)
+
+
+# -- hostile input (issue 23): ddp or fsdp asked for on one process ------------------------------------------
+def test_ddp_or_fsdp_on_one_process_says_so_in_one_line(tmp_path, caplog):
+    import logging
+
+    from deepnorm_exp.lifecycle.run import run_experiment
+
+    from test_faults import config
+
+    with caplog.at_level(logging.WARNING, logger="deepnorm_exp"):
+        summary = run_experiment(config(tmp_path, "train.parallel=fsdp", "train.steps=2"), progress=False)
+    notes = [r.getMessage() for r in caplog.records if "train.parallel=fsdp" in r.getMessage()]
+    assert len(notes) == 1 and "one process" in notes[0] and "torchrun" in notes[0] and "\n" not in notes[0]
+    assert (summary["status"], summary["parallel"]) == ("completed", "none")
