@@ -23,6 +23,34 @@ WORDS = ("the of and to in a is that for it as was with be by on not he this are
          "have an they you were her she there had all one we their über straße naïve 東京").split()
 
 
+def config(root, *overrides):
+    """A tiny run's composed config under `root`, without W&B."""
+    import deepnorm_exp
+
+    return deepnorm_exp.compose([*TINY, f"paths.runs={root}", "logger=none", *overrides])
+
+
+def one_error_line(result) -> str:
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("deepnorm_exp: error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    return errors[0]
+
+
+def refused(argv, capsys) -> str:
+    """The command line's refusal of `argv`, in this process (the pre-flight check runs before Hydra): exit
+    status 2 and the one line it printed."""
+    from deepnorm_exp.__main__ import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(list(map(str, argv)))
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("deepnorm_exp: error: "), err
+    return lines[0]
+
+
 LONG = "a" * 10_000  # a hostile value: far past any line's length
 
 

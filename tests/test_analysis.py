@@ -423,7 +423,7 @@ def test_a_report_over_a_run_with_an_unreadable_config_and_runs_in_progress(tmp_
     from deepnorm_exp.analysis.report import build_report
     from deepnorm_exp.lifecycle.run import run_experiment
 
-    from test_faults import config
+    from conftest import config
 
     summary = run_experiment(config(tmp_path, "train.steps=4", "metrics.layer_every=2"), progress=False)
     done = Path(summary["run_dir"])

@@ -23,7 +23,7 @@ from deepnorm_exp.runtime import Runtime
 from deepnorm_exp.train import checkpoint, sharded
 
 from conftest import TINY, PausedRun, run_cli
-from test_faults import one_error_line
+from conftest import one_error_line
 
 class Planted:
     """Unpickling this runs a shell command that creates `marker`: what a crafted file would do."""

@@ -231,7 +231,7 @@ def test_deleting_a_plug_in_key_is_one_line():
 @pytest.mark.parametrize("override", [f"seed={2**70}", "seed=-1", "data.seed=-1", f"train.lr={LONG}",
                                       f"norm={LONG}", f"+x{LONG}=1", f"depth={'9' * 10_000}", f"train.schedule={LONG}"])
 def test_hostile_values_are_one_short_line_before_any_run_directory(tmp_path, capsys, override):
-    from test_faults import refused
+    from conftest import refused
 
     from conftest import TINY
 

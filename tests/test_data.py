@@ -4,8 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+import deepnorm_exp
 from deepnorm_exp.data import load_data, unigram_loss
 from deepnorm_exp.data.synthetic import MarkovLanguage, SyntheticConfig, SyntheticMarkov
+from deepnorm_exp.lifecycle.run import run_experiment
+
+from conftest import TINY_MODEL, write_text
 
 SMALL = {"name": "synthetic", "vocab_size": 64, "classes": 8, "seq_len": 16, "train_sequences": 200,
          "eval_sequences": 50}
@@ -76,3 +80,30 @@ def test_cache_is_reused_and_keyed_by_config(tmp_path, monkeypatch):
     load_data({**SMALL, "trigram_weight": 0.3}, tmp_path)
     assert calls == ["lm"]  # changed config: a new cache entry
     assert len([p for p in (tmp_path / "data").iterdir() if not p.name.startswith(".")]) == 2  # not locks
+
+
+# -- a damaged data-cache entry (issue 13's point 6, from test_faults.py) ------------------------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["garbage", "flipped", "deleted"])
+def test_a_damaged_data_cache_entry_is_named_and_rebuilt(tmp_path, damage, caplog):
+    corpus = write_text(tmp_path / "corpus.txt", lines=300)
+    cfg = lambda seed: deepnorm_exp.compose([*TINY_MODEL, "data=text", f"data.files={corpus}", f"seed={seed}",
+                                             f"paths.runs={tmp_path / 'runs'}", "logger=none"])
+    assert run_experiment(cfg(0), progress=False)["status"] == "completed"
+    (arrow,) = (tmp_path / "runs" / ".cache" / "data").glob("text-*/train/*.arrow")
+    entry = arrow.parent.parent
+    if damage == "garbage":
+        arrow.write_bytes(b"not an arrow file" * 100)
+    elif damage == "flipped":
+        data = bytearray(arrow.read_bytes())
+        data[-200] ^= 0x01  # a token id: the file still loads, with a wrong token
+        arrow.write_bytes(bytes(data))
+    else:
+        arrow.unlink()
+    with caplog.at_level("WARNING", logger="deepnorm_exp"):
+        summary = run_experiment(cfg(1), progress=False)
+    assert summary["status"] == "completed"
+    warnings = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(warnings) == 1 and str(entry) in warnings[0]
+    from deepnorm_exp.data.cache import damage as damage_of
+
+    assert damage_of(entry) is None  # rebuilt whole

@@ -2,8 +2,6 @@
 service, hostile input. Each test names the numbered point of issue 13 it covers; each failed before the
 fix it guards."""
 
-import json
-import math
 import os
 import shutil
 import signal
@@ -21,7 +19,7 @@ from deepnorm_exp.errors import ConfigError, RecordError
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.train.trainer import Callback
 
-from conftest import REPO, TINY, TINY_MODEL, PausedRun, run_cli, write_text
+from conftest import REPO, TINY, TINY_MODEL, PausedRun, config, one_error_line, refused, run_cli, write_text
 
 
 class SimulatedCrash(Exception):
@@ -35,31 +33,6 @@ class CrashAt(Callback):
     def on_step_end(self, trainer, out):
         if out.step == self.step:
             raise SimulatedCrash
-
-
-def config(root, *overrides):
-    return deepnorm_exp.compose([*TINY, f"paths.runs={root}", "logger=none", *overrides])
-
-
-def one_error_line(result) -> str:
-    assert "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("deepnorm_exp: error: ")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    return errors[0]
-
-
-def refused(argv, capsys) -> str:
-    """The command line's refusal of `argv`, in this process (the pre-flight check runs before Hydra): exit
-    status 2 and the one line it printed."""
-    from deepnorm_exp.__main__ import main
-
-    with pytest.raises(SystemExit) as exit:
-        main(list(map(str, argv)))
-    assert exit.value.code == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("deepnorm_exp: error: "), err
-    return lines[0]
 
 
 def only_run_dir(root: Path) -> Path:
@@ -173,33 +146,7 @@ def test_resume_rebuilds_a_metrics_file_that_no_longer_matches_the_checkpoint(tm
     assert losses(run_dir) == losses(straight["run_dir"]) and len(losses(run_dir)) == 12
 
 
-# -- 3. non-finite values: one encoding for every record file --------------------------------------------------
-def test_records_encode_non_finite_values_as_strings_at_any_depth_and_read_them_back(tmp_path):
-    value = {"loss": math.nan, "divergence": {"loss": math.inf, "last_healthy": {"grad_norm": -math.inf}},
-             "history": [1.0, math.nan]}
-    records.write_json(tmp_path / "r.json", value)
-
-    def refuse(constant):
-        raise ValueError(constant)
-
-    strict = json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)  # no bare NaN / Infinity
-    assert strict["divergence"]["loss"] == "inf" and strict["history"][1] == "nan"
-    back = records.read_json(tmp_path / "r.json")
-    assert math.isnan(back["loss"]) and back["divergence"]["loss"] == math.inf
-    assert back["divergence"]["last_healthy"]["grad_norm"] == -math.inf and math.isnan(back["history"][1])
-
-
-def test_a_nan_diverged_run_records_nan_and_analysis_reads_it_as_a_float(tmp_path):
-    summary = run_experiment(config(tmp_path, "norm=post", "depth=2", "train.lr=1e30", "train.warmup_steps=0",
-                                    "train.log_every=1"), progress=False)
-    assert summary["status"] == "diverged" and summary["divergence_reason"].startswith("non-finite")
-    raw = (Path(summary["run_dir"]) / "summary.json").read_text()
-    assert "NaN" not in raw and "Infinity" not in raw  # strict JSON
-    runs = deepnorm_exp.load_runs(tmp_path)
-    from deepnorm_exp.analysis import load_scalars
-
-    scalars = load_scalars(runs)
-    assert scalars["loss"].dtype.kind == "f" and scalars["loss"].isna().any()
+# -- 3. non-finite values in records: test_records.py --------------------------------------------------------
 
 
 # -- 4. a full disk -------------------------------------------------------------------------------------------
@@ -268,34 +215,10 @@ def test_a_full_disk_fails_in_one_line_with_a_summary_and_the_rerun_is_not_block
 # -- 5. a damaged checkpoint: test_checkpoint.py ------------------------------------------------------------
 
 
-# -- 6. a damaged data-cache entry ------------------------------------------------------------------------------
-@pytest.mark.parametrize("damage", ["garbage", "flipped", "deleted"])
-def test_a_damaged_data_cache_entry_is_named_and_rebuilt(tmp_path, damage, caplog):
-    corpus = write_text(tmp_path / "corpus.txt", lines=300)
-    cfg = lambda seed: deepnorm_exp.compose([*TINY_MODEL, "data=text", f"data.files={corpus}", f"seed={seed}",
-                                             f"paths.runs={tmp_path / 'runs'}", "logger=none"])
-    assert run_experiment(cfg(0), progress=False)["status"] == "completed"
-    (arrow,) = (tmp_path / "runs" / ".cache" / "data").glob("text-*/train/*.arrow")
-    entry = arrow.parent.parent
-    if damage == "garbage":
-        arrow.write_bytes(b"not an arrow file" * 100)
-    elif damage == "flipped":
-        data = bytearray(arrow.read_bytes())
-        data[-200] ^= 0x01  # a token id: the file still loads, with a wrong token
-        arrow.write_bytes(bytes(data))
-    else:
-        arrow.unlink()
-    with caplog.at_level("WARNING", logger="deepnorm_exp"):
-        summary = run_experiment(cfg(1), progress=False)
-    assert summary["status"] == "completed"
-    warnings = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
-    assert len(warnings) == 1 and str(entry) in warnings[0]
-    from deepnorm_exp.data.cache import damage as damage_of
-
-    assert damage_of(entry) is None  # rebuilt whole
+# -- 6. a damaged data-cache entry: test_data.py -------------------------------------------------------------
 
 
-# -- 7. another run's damaged summary -----------------------------------------------------------------------
+# -- 7. another run's damaged summary (a damaged jsonl line: test_records.py) -----------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_damaged_summary_is_named_and_does_not_stop_the_sweep_table_or_the_analysis(tmp_path):
     args = [*TINY, f"paths.runs={tmp_path}", "logger=none"]
@@ -308,15 +231,6 @@ def test_a_damaged_summary_is_named_and_does_not_stop_the_sweep_table_or_the_ana
     assert "deepnorm-L6" in table and "pre-L6" in table and f"unreadable: {post}" in table
     runs = deepnorm_exp.load_runs(tmp_path / "default")
     assert sorted(runs["norm"]) == ["deepnorm", "pre"]
-
-
-def test_damaged_lines_of_a_jsonl_record_are_skipped_and_named(tmp_path, caplog):
-    path = tmp_path / "metrics.jsonl"
-    path.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "lo\x00\x00\n{"step": 3, "loss": "nan"}\n')
-    with caplog.at_level("WARNING", logger="deepnorm_exp"):
-        got = records.read_jsonl(path)
-    assert [r["step"] for r in got] == [1, 3] and math.isnan(got[1]["loss"])
-    assert "line 2" in caplog.text and str(path) in caplog.text
 
 
 # -- 8. Ctrl-C, and W&B's service dying ----------------------------------------------------------------------

@@ -289,7 +289,7 @@ def test_an_alias_bomb_as_a_finished_runs_config_is_refused_unexpanded(tmp_path,
     from deepnorm_exp.lifecycle.claim import check_claim
     from deepnorm_exp.errors import RecordError
 
-    from test_faults import config
+    from conftest import config
 
     run = fake_run(tmp_path / "study", "pre-L6-s0")
     (run / "config.yaml").write_text(alias_bomb())
@@ -363,7 +363,7 @@ def test_a_kill_before_the_summary_keeps_the_checkpoint_and_the_run_resumes(tmp_
     from deepnorm_exp.lifecycle.run import run_experiment
     from deepnorm_exp.train import checkpoint
 
-    from test_faults import config
+    from conftest import config
 
     cfg = config(tmp_path, "train.steps=6", "train.ckpt_every=4")
 
@@ -388,7 +388,7 @@ def test_the_sinks_finish_before_the_summary_is_written(tmp_path, monkeypatch):
     from deepnorm_exp.lifecycle.run import run_experiment
     from deepnorm_exp.sinks.jsonl import JsonlSink
 
-    from test_faults import config
+    from conftest import config
 
     order = []
     finish, write_summary = JsonlSink.finish, run.write_summary

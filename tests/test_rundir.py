@@ -74,7 +74,7 @@ def test_the_lock_is_exclusive_and_seen_from_outside(tmp_path):
 @pytest.mark.parametrize("name", ["../../escape", "ABSOLUTE", "..", ".", "", ".cache", "a\nb", "a/b", LONG])
 def test_an_experiment_name_that_is_not_one_directory_name_is_refused_before_anything_is_written(tmp_path, capsys,
                                                                                                  name):
-    from test_faults import refused
+    from conftest import refused
 
     from conftest import TINY
 

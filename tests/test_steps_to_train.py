@@ -6,7 +6,7 @@ import pytest
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.train.callbacks import TrainedAt
 
-from test_faults import config
+from conftest import config
 
 
 class Steps:

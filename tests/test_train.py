@@ -282,7 +282,7 @@ def test_ddp_or_fsdp_on_one_process_says_so_in_one_line(tmp_path, caplog):
 
     from deepnorm_exp.lifecycle.run import run_experiment
 
-    from test_faults import config
+    from conftest import config
 
     with caplog.at_level(logging.WARNING, logger="deepnorm_exp"):
         summary = run_experiment(config(tmp_path, "train.parallel=fsdp", "train.steps=2"), progress=False)
