@@ -1,6 +1,7 @@
 """The constants a scheme reports in summary.json, named by the role each plays in a block, so that a key means
 one thing whatever the scheme: DeepNorm's alpha multiplies the residual stream, CompleteP's multiplies the
-branch, Sub-LN's beta is an init gain. Torch-free: the records' schema and the analysis read it."""
+branch, Sub-LN's beta is an init gain. A learned one is reported at its value at init. Torch-free: the records'
+schema reads it (the analysis's tables keep each record's own keys: `alpha.decoder` in records from before)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Optional
 ROLES = {
     "residual_multiplier": "multiplies the residual stream x where the branch joins it (DeepNorm's alpha, "
                            "DeepScaleLM's lambda, Admin's omega)",
-    "branch_multiplier": "multiplies the branch G(x) (CompleteP's m^-alpha, DeepScaleLM's beta, nGPT's eigen "
-                         "learning rate at init)",
+    "branch_multiplier": "multiplies the branch G(x) (CompleteP's m^-alpha, DeepScaleLM's beta; learned: nGPT's "
+                         "eigen learning rate, ReZero's alpha, SkipInit's a_l, at init)",
     "init_gain": "scales the initialisation of the projections the scheme names (DeepNorm's beta, Sub-LN's and "
                  "T-Fixup's gains)",
 }
@@ -20,6 +21,7 @@ ROLES = {
 LEGACY_NAMES = ("alpha", "beta")
 _LEGACY_DEFAULT = {"alpha": "residual_multiplier", "beta": "init_gain"}
 _LEGACY = {"completep": {"alpha": "branch_multiplier", "beta": None},
+           "depth_mup": {"alpha": "branch_multiplier", "beta": None},  # CompleteP's, inherited
            "ngpt": {"alpha": "branch_multiplier", "beta": None},
            "deepscalelm": {"alpha": "residual_multiplier", "beta": "branch_multiplier"}}
 

@@ -178,7 +178,7 @@ def sweep(tmp_path_factory):
 def test_load_runs_gives_a_row_per_run_with_summary_and_flattened_config(sweep):
     runs = deepnorm_exp.load_runs(sweep)
     assert len(runs) == 13 and runs["run_name"].is_unique
-    assert {"status", "eval_loss", "alpha.decoder", "train.lr", "model.d_model", "data.seed", "run_dir"} <= set(runs)
+    assert {"status", "eval_loss", "residual_multiplier.decoder", "train.lr", "model.d_model", "data.seed", "run_dir"} <= set(runs)
     assert (runs["model.d_model"] == 16).all() and set(runs["depth"]) == {2, 6}
     nan_run = runs.loc[runs["norm.alpha"] == 1e30]
     assert nan_run["status"].item() == "diverged" and nan_run["divergence_reason"].item() == "non-finite loss"

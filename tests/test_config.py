@@ -21,8 +21,9 @@ from conftest import LONG
 
 def group_options():
     for group_dir in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()):
-        for option in sorted(group_dir.glob("*.yaml")):
-            yield f"{group_dir.name}={option.stem}"
+        # a preset's parts too (experiment=protocols/text); hydra/'s are hydra/launcher=..., tested with sweeps
+        for option in sorted(group_dir.glob("**/*.yaml" if group_dir.name == "experiment" else "*.yaml")):
+            yield f"{group_dir.name}={option.relative_to(group_dir).with_suffix('').as_posix()}"
 
 
 # options that only make sense with another, or that need a value no default can give

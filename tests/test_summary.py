@@ -139,3 +139,23 @@ def test_a_record_from_before_the_names_by_role_reads_as_the_roles(norm, old, ro
                            "final_loss": 1.0, "eval_loss": 1.0, "optimal_loss": 0.5, "excess_loss": 0.5,
                            "unigram_loss": 2.0, "params": 10, **record})
     assert "decoder: " + ", ".join(f"{r.replace('_', ' ')} {v['decoder']:.4g}" for r, v in roles.items()) in text
+
+
+def test_the_committed_records_from_before_the_names_by_role_read_as_todays_schemes_report():
+    """An oracle the translation did not write: every zoo record (each registered scheme at depths 6, 24 and
+    100, written by the code before the names by role) read by role equals what the scheme reports today for
+    the same preset and depth, role by role."""
+    from conftest import REPO
+    from deepnorm_exp import compose
+    from deepnorm_exp.analysis import published
+    from deepnorm_exp.build import make_scheme
+    from deepnorm_exp.constant_roles import by_role
+
+    summaries, damaged = published.load(REPO / "runs" / "zoo_depth_sweep").summaries()
+    old = [s for s in summaries if "alpha" in s and "residual_multiplier" not in s]
+    assert not damaged and {s["norm"] for s in old} >= {"completep", "depth_mup", "deepscalelm", "ngpt", "deepnorm"}
+    for summary in old:
+        cfg = compose(["experiment=zoo_depth_sweep", f"norm={summary['norm']}", f"depth={summary['depth']}"])
+        today = make_scheme(cfg).constants()
+        for role, values in by_role(summary).items():
+            assert values == pytest.approx(today[role]), (summary["run_name"], role)

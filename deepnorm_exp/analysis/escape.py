@@ -14,7 +14,7 @@ is built from them is read in a browser: `docs/results.md` through the docs site
   backticks inside it.
 * `html_text`: a value in HTML text or a quoted attribute (`report.html`).
 
-`markdown_table` (results.py) escapes every cell with `md_text` but in the columns it is told the code
+`markdown_table` (page.py) escapes every cell with `md_text` but in the columns it is told the code
 composed as Markdown from escaped parts.
 """
 

@@ -44,7 +44,7 @@ def _flat(prefix: str, tree: dict) -> dict:
 
 
 def load_runs(root: str | Path) -> pd.DataFrame:
-    """One row per run: every `summary.json` field (per-stack constants as `alpha.decoder`, ...), then the
+    """One row per run: every `summary.json` field (per-stack constants as `residual_multiplier.decoder`, ...; `alpha.decoder` in records from before the names by role), then the
     run's whole config flattened to dotted columns (`train.lr`, `model.d_model`, ...), and `run_dir`."""
     rows = []
     for run_dir in run_dirs(root):

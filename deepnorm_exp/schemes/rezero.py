@@ -43,6 +43,9 @@ class ReZero(NormScheme):
             return "shares one alpha between a layer's sublayers, whose blocks FSDP2 shards apart"
         return None
 
+    def branch_multiplier(self, stack: str) -> float:  # alpha, learned: its value at init
+        return 0.0
+
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         # a layer's first sublayer is its self-attention: it starts the layer's alpha, the others reuse it
         if self.cfg.alpha_per == "sublayer" or sublayer.kind == "attention":

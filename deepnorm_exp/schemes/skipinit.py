@@ -32,5 +32,9 @@ class SkipInit(PreNorm):
     Config = SkipInitConfig
     cfg: SkipInitConfig
 
+    def branch_multiplier(self, stack: str) -> float:  # a_l, learned: its value at init
+        return self.cfg.branch_init
+
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
-        return BranchScaledResidual(sublayer, self.norm(sublayer.d_model), self.cfg.branch_init, learnable=True)
+        return BranchScaledResidual(sublayer, self.norm(sublayer.d_model), self.branch_multiplier(stack),
+                                    learnable=True)
