@@ -247,3 +247,15 @@ def test_an_echoed_value_is_cut_and_its_control_characters_escaped():
     message = str(ConfigError("experiment_name", "x" * 10_000 + "\n", f"Value '{'x' * 10_000}' is bad"))
     assert "\n" not in message and len(message) < 600 and "(10,001 characters)" in message
     assert str(ConfigError("k", "a\tb\nc", "why")) == "k=a\\tb\\nc is invalid: why"
+
+
+@pytest.mark.parametrize("override, says", [
+    ("data.num_proc=0", "must be a positive integer, or null for all cores for large corpora, else 1"),
+    ("data.eval_fraction=1.0", "must be in (0, 1)"), ("data.eval_blocks=0", "must be a positive integer"),
+    ("data.tokenizer=wordpiece", "choose one of: byte, bpe"),
+    ("data.vocab_size=100", "the byte tokenizer has 259 tokens"),
+])
+def test_a_text_sources_bad_key_is_one_line_naming_it(override, says):
+    with pytest.raises(ConfigError) as refused:
+        deepnorm_exp.compose(["data=shakespeare", override])
+    assert str(refused.value).startswith(f"{override} is invalid: {says}") and "\n" not in str(refused.value)

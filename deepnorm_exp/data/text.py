@@ -32,7 +32,7 @@ import torch
 from omegaconf import MISSING
 
 from .. import records
-from ..config import check_seed
+from ..config import Rule, check_seed, setting
 from ..errors import ConfigError, RecordError, require_choice
 from . import TaskData, register, text_size, unigram_loss_from_counts
 from .cache import cache_key, load_entry
@@ -45,6 +45,7 @@ MAX_FILES = 10_000  # data.files may name at most this many files: a glob over t
 MAX_DIRECTORIES = 100_000  # and its globs may list at most this many directories (a `/**/x.txt` walks everything)
 PARALLEL_FROM_DOCUMENTS = 20_000  # num_proc=null tokenizes in one process below this (workers cost ~1 s)
 TOKENIZERS = ("byte", "bpe")
+OPEN_UNIT = Rule(lambda v: 0.0 < v < 1.0, "must be in (0, 1)")
 TOKENIZER_FILE = "tokenizer.json"  # the BPE, in its own cache entry and beside each dataset built with it
 
 
@@ -52,30 +53,26 @@ TOKENIZER_FILE = "tokenizer.json"  # the BPE, in its own cache entry and beside 
 class TokenStreamConfig:
     """Keys shared by every text source."""
 
-    seq_len: int = 64  # tokens the model sees per block (blocks hold seq_len + 1)
-    tokenizer: str = "byte"  # byte | bpe
-    vocab_size: int = BYTE_VOCAB  # byte: 259 (256 bytes + PAD, BOS, EOS); bpe: the size to train to
-    eval_fraction: float = 0.01  # documents held out for eval where the source has no eval split
-    eval_blocks: int = 256  # the first n eval blocks are the eval set (an eval pass stays cheap)
+    seq_len: int = setting(64, check="positive_int")  # tokens the model sees per block (blocks hold seq_len + 1)
+    tokenizer: str = setting("byte", choices=TOKENIZERS)  # byte | bpe
+    # byte: 259 (256 bytes + PAD, BOS, EOS); bpe: the size to train to
+    vocab_size: int = setting(BYTE_VOCAB, check="positive_int")
+    # documents held out for eval where the source has no eval split
+    eval_fraction: float = setting(0.01, check=OPEN_UNIT)
+    # the first n eval blocks are the eval set (an eval pass stays cheap)
+    eval_blocks: int = setting(256, check="positive_int")
     seed: int = 1234  # the train/eval split of documents; the training seed does not change the data
-    num_proc: Optional[int] = None  # tokenizing processes (null: all cores for large corpora, else 1)
+    # tokenizing processes (null: all cores for large corpora, else 1)
+    num_proc: Optional[int] = setting(None, check="positive_int", null="all cores for large corpora, else 1")
 
     def __post_init__(self):
         check_seed("seed", self.seed)
-        for key in ("seq_len", "vocab_size", "eval_blocks"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(key, getattr(self, key), "must be a positive integer")
-        require_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tokenizer == "byte" and self.vocab_size != BYTE_VOCAB:
             raise ConfigError("vocab_size", self.vocab_size,
                               f"the byte tokenizer has {BYTE_VOCAB} tokens; data.tokenizer=bpe trains to a size")
         if self.vocab_size < BYTE_VOCAB:
             raise ConfigError("vocab_size", self.vocab_size,
                               f"a byte-level BPE needs >= {BYTE_VOCAB}: its 256-byte alphabet plus 3 specials")
-        if not 0.0 < self.eval_fraction < 1.0:
-            raise ConfigError("eval_fraction", self.eval_fraction, "must be in (0, 1)")
-        if self.num_proc is not None and self.num_proc <= 0:
-            raise ConfigError("num_proc", self.num_proc, "must be a positive integer or null")
 
 
 class Tokenize:
