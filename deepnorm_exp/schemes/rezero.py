@@ -49,5 +49,5 @@ class ReZero(NormScheme):
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         # a layer's first sublayer is its self-attention: it starts the layer's alpha, the others reuse it
         if self.cfg.alpha_per == "sublayer" or sublayer.kind == "attention":
-            self._alpha = nn.Parameter(torch.zeros(()))
+            self._alpha = nn.Parameter(torch.tensor(self.branch_multiplier(stack)))
         return BranchScaledResidual(sublayer, nn.Identity(), self._alpha, learnable=True)
