@@ -1,9 +1,13 @@
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from deepnorm_exp.train.trainer import Callback
 
 # Tests never touch the network: the hub libraries read these when first imported (here, and in every
 # subprocess the tests start, which inherits the environment).
@@ -165,3 +169,59 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("largest deviation from the official code, relative (oracle tests)")
         for test, what, value in rows:
             terminalreporter.write_line(f"{value:10.2e}  {what:<28} {test}")
+
+
+class SimulatedCrash(Exception):
+    """Raised from a callback: an in-process stand-in for a crash (a kill is tested through the CLI)."""
+
+
+class CrashAt(Callback):
+    """Crashes the run at the end of training step `step`."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, trainer, out):
+        if out.step == self.step:
+            raise SimulatedCrash
+
+
+def only_run_dir(root: Path) -> Path:
+    (summary,) = root.glob("*/*/summary.json")
+    return summary.parent
+
+
+def mount_tmpfs(path: Path, size: str, read_only: bool = False):
+    """A small file system of our own (root only); None where this machine does not allow mounting."""
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    return path if done.returncode == 0 else None
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mounted = []
+
+    def mount(name, size="1m", read_only=False):
+        path = mount_tmpfs(tmp_path / name, size, read_only)
+        if path is None:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill_when_paused(proc: subprocess.Popen, pause: Path, disk: Path, left: int = 300_000) -> tuple[str, str]:
+    """Once `proc` has paused at its step (tests/hooks), fill `disk` up to `left` free bytes, as another
+    process would, let the run go on, and return its (stdout, stderr) when it ends."""
+    deadline = time.monotonic() + 300
+    while not (pause / "paused").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    (disk / "filler").write_bytes(bytes(shutil.disk_usage(disk).free - left))
+    (pause / "go").touch()
+    return proc.communicate(timeout=300)

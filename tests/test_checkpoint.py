@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from deepnorm_exp.rundir import RunDir
 from deepnorm_exp.runtime import Runtime
 from deepnorm_exp.train import checkpoint, sharded
 
-from conftest import TINY, PausedRun, run_cli
+from conftest import TINY, PausedRun, run_cli, REPO, fill_when_paused, only_run_dir
 from conftest import one_error_line
 
 class Planted:
@@ -226,7 +228,7 @@ def test_a_malformed_manifest_is_damage_not_a_traceback(saved, files, why):
         sharded.verify(directory, files)
 
 
-# -- a damaged checkpoint (test_faults.py's fifth fault) ------------------------------------------------------------------------------------
+# -- a damaged checkpoint (issue 13's fifth fault) ------------------------------------------------------------------------------------
 def flip_tensor_byte(path: Path) -> None:
     """Flip one bit in the middle of the largest tensor's bytes, where torch.load alone reads it without a
     word. (The middle of the file can fall in the zip's alignment padding, which no CRC covers and no reader
@@ -274,4 +276,33 @@ def test_a_damaged_checkpoint_is_one_line_every_time_and_resume_false_starts_ove
         assert records.read_json(run_dir / "summary.json")["status"] == "failed"
     fresh = run_cli(*args, "resume=false")
     assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert records.read_json(run_dir / "summary.json")["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_in_one_line_with_a_summary_and_the_rerun_is_not_blocked(tmp_path, tmpfs):
+    """The disk is filled by someone else once the run has passed the pre-flight (which refuses a disk too
+    small for the records and checkpoints: test_resources.py): at step 1 it is left 300 kB, room for the
+    records but not for the 3.6 MB checkpoint of step 2."""
+    from test_distributed import pause_env
+
+    disk = tmpfs("disk", size="16m")
+    args = ["depth=6", "train.steps=4", "train.ckpt_every=2", "train.log_every=1", "logger=none",
+            f"paths.runs={disk}", f"paths.cache={tmp_path / 'cache'}", "metrics.layer_every=0"]
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **pause_env(pause, 1)}
+    proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = fill_when_paused(proc, pause, disk)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    assert result.returncode == 1
+    assert "No space left on device" in one_error_line(result)
+    run_dir = only_run_dir(disk)
+    summary = records.read_json(run_dir / "summary.json")
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+    assert summary["steps_completed"] == 2  # step 2 trained; its checkpoint is what failed
+    assert not list(disk.rglob("*.tmp"))  # the failed write gave its space back
+    rerun = run_cli(*args[:2], "train.ckpt_every=0", *args[3:])  # without checkpoints it fits
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert records.read_json(run_dir / "summary.json")["status"] == "completed"

@@ -16,7 +16,7 @@ from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.rundir import run_name
 from deepnorm_exp.schemes import SCHEMES
 
-from conftest import LONG
+from conftest import LONG, refused, TINY
 
 
 def group_options():
@@ -259,3 +259,22 @@ def test_a_text_sources_bad_key_is_one_line_naming_it(override, says):
     with pytest.raises(ConfigError) as refused:
         deepnorm_exp.compose(["data=shakespeare", override])
     assert str(refused.value).startswith(f"{override} is invalid: {says}") and "\n" not in str(refused.value)
+
+
+def test_an_unset_environment_variable_is_named(capsys):
+    with pytest.raises(ConfigError) as error:
+        deepnorm_exp.compose(["paths.runs=${oc.env:DEEPNORM_SURELY_UNSET}/runs"])
+    assert error.value.key == "paths.runs" and "DEEPNORM_SURELY_UNSET" in str(error.value)
+    line = refused([*TINY, "paths.runs=${oc.env:DEEPNORM_SURELY_UNSET}/runs"], capsys)
+    assert "paths.runs" in line and "DEEPNORM_SURELY_UNSET" in line
+
+
+def test_errors_survive_pickling_to_the_other_ranks():
+    """The main process decides for a run directory and broadcasts the decision, a refusal included."""
+    import pickle
+
+    from deepnorm_exp.errors import ConfigError, RecordError
+
+    refused = pickle.loads(pickle.dumps(ConfigError("train.lr", 1e-3, "the sweeper owns it")))
+    assert (refused.key, refused.value, str(refused)) == ("train.lr", 1e-3, "train.lr=0.001 is invalid: the sweeper owns it")
+    assert refused.exit_status == 2 and str(pickle.loads(pickle.dumps(RecordError("x is damaged")))) == "x is damaged"

@@ -82,7 +82,7 @@ def test_cache_is_reused_and_keyed_by_config(tmp_path, monkeypatch):
     assert len([p for p in (tmp_path / "data").iterdir() if not p.name.startswith(".")]) == 2  # not locks
 
 
-# -- a damaged data-cache entry (issue 13's point 6, from test_faults.py) ------------------------------------------------------------------------------
+# -- a damaged data-cache entry (issue 13's point 6) ------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage", ["garbage", "flipped", "deleted"])
 def test_a_damaged_data_cache_entry_is_named_and_rebuilt(tmp_path, damage, caplog):
     corpus = write_text(tmp_path / "corpus.txt", lines=300)

@@ -301,3 +301,4 @@ def test_a_crafted_or_damaged_sharded_checkpoint_is_refused_on_every_rank_in_one
         data = bytearray(shard.read_bytes())
         data[len(data) - 64] ^= 0x01  # any byte: the manifest's SHA-256 catches it before DCP reads the shard
         shard.write_bytes(bytes(data))
+

@@ -9,9 +9,8 @@ import torch
 import deepnorm_exp
 from deepnorm_exp import records
 from deepnorm_exp.lifecycle.run import run_experiment
-from deepnorm_exp.train.trainer import Callback
 
-from conftest import TINY
+from conftest import TINY, CrashAt, SimulatedCrash
 
 KNOBS = ("model.dropout", "model.attention_dropout", "model.activation_dropout")
 
@@ -172,21 +171,11 @@ def test_a_loss_scale_that_collapses_is_a_divergence(tmp_path):
     assert "overflowed were not applied" in summary["eval_weights"]
 
 
-class Crash(Exception):
-    pass
-
-
-class CrashAt(Callback):
-    def on_step_end(self, trainer, out):
-        if out.step == 9:
-            raise Crash
-
-
 def test_the_loss_scaler_is_checkpointed_and_resumes_where_it_was(tmp_path):
     overrides = ["train.loss_scale_init=1e12", "train.steps=30", "train.ckpt_every=6", "model.dropout=0.1"]
     straight = run_experiment(config(tmp_path / "a", *overrides), progress=False)
-    with pytest.raises(Crash):
-        run_experiment(config(tmp_path / "b", *overrides), progress=False, callbacks=[CrashAt()])
+    with pytest.raises(SimulatedCrash):
+        run_experiment(config(tmp_path / "b", *overrides), progress=False, callbacks=[CrashAt(9)])
     resumed = run_experiment(config(tmp_path / "b", *overrides), progress=False)
     assert resumed["resumed_from_step"] == 6
 

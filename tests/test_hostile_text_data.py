@@ -19,7 +19,7 @@ from deepnorm_exp.data.tokenizer import MAX_WORD_CHARS, BpeTokenizer
 from deepnorm_exp.errors import ConfigError, HarnessError
 from deepnorm_exp.lifecycle.preemption import PreemptionGuard
 
-from conftest import write_text
+from conftest import write_text, TINY_MODEL, run_cli, one_error_line
 
 LISTINGS_ALLOWED = 50  # directories a small corpus tree may list; a cycle lists without end
 
@@ -232,3 +232,35 @@ def test_a_dataset_entry_recording_a_larger_vocabulary_is_rebuilt(tmp_path, capl
     data = load_data(text_cfg(tmp_path, corpus, *bpe), tmp_path / "cache")
     assert json.loads(meta_path.read_text())["vocab_size"] <= 300 and data.vocab_size == 300
     assert "records a vocabulary of 420" in caplog.text
+
+
+LATIN1 = b"plain ascii line\n" * 10 + b"caf\xe9 au lait\n" * 200  # the first non-UTF-8 byte at offset 173
+
+
+@pytest.mark.slow
+def test_text_that_is_not_utf8_is_named_with_its_offset_and_reads_with_an_encoding(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(LATIN1)
+    args = [*TINY_MODEL, "data=text", f"data.files={corpus}", f"paths.runs={tmp_path / 'runs'}", "logger=none"]
+    refused_run = run_cli(*args)
+    assert refused_run.returncode == 2
+    line = one_error_line(refused_run)
+    assert "data.files" in line and str(corpus) in line and "byte offset 173" in line and "utf-8" in line
+    assert not (tmp_path / "runs").exists()
+    accepted = run_cli(*args, "data.encoding=latin-1")
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2, 3])
+def test_the_offset_of_the_first_undecodable_byte_is_exact_across_read_chunks(tmp_path, cut):
+    from deepnorm_exp.data.text import first_undecodable
+
+    # A 3-byte character cut by the 1 MiB read boundary at `cut` bytes in, then a byte that never decodes.
+    prefix = b"a" * ((1 << 20) - cut) + "\u20ac".encode() + b"ok\n"
+    path = tmp_path / "big.txt"
+    path.write_bytes(prefix + b"\xff" + b"tail\n")
+    assert first_undecodable(str(path), 0, 0, "utf-8") == f"byte offset {len(prefix)} (b'\\xfftai') does not decode"
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert first_undecodable(str(binary), 0, 0, "utf-8").startswith("byte offset 128 ")
+    assert first_undecodable(str(binary), 0, 0, "latin-1") is None  # reads any bytes

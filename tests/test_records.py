@@ -1,5 +1,6 @@
-"""deepnorm_exp/records.py: one encoding for non-finite values in every record file, and damaged lines of a
-jsonl record skipped and named (issue 13's points 3 and 7, moved from test_faults.py)."""
+"""deepnorm_exp/records.py: one encoding for non-finite values in every record file, damaged lines of a jsonl
+record skipped and named (issue 13's points 3 and 7), and atomic writes (a failed write leaves no temporary; a
+new start removes what a killed one left)."""
 
 import json
 import math
@@ -8,8 +9,9 @@ from pathlib import Path
 import deepnorm_exp
 from deepnorm_exp import records
 from deepnorm_exp.lifecycle.run import run_experiment
+import pytest
 
-from conftest import config
+from conftest import config, SimulatedCrash, CrashAt, only_run_dir
 
 
 # -- 3. non-finite values: one encoding for every record file --------------------------------------------------
@@ -48,3 +50,24 @@ def test_damaged_lines_of_a_jsonl_record_are_skipped_and_named(tmp_path, caplog)
         got = records.read_jsonl(path)
     assert [r["step"] for r in got] == [1, 3] and math.isnan(got[1]["loss"])
     assert "line 2" in caplog.text and str(path) in caplog.text
+
+
+def test_a_failed_write_leaves_no_temporary(tmp_path):
+    target = tmp_path / "checkpoint.pt"
+    with pytest.raises(OSError):
+        with records.atomic_path(target) as temporary:
+            temporary.write_bytes(b"half")
+            raise OSError(28, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_start_removes_what_a_killed_write_left(tmp_path):
+    with pytest.raises(SimulatedCrash):
+        run_experiment(config(tmp_path, "train.ckpt_every=2"), progress=False, callbacks=[CrashAt(3)])
+    run_dir = only_run_dir(tmp_path)
+    left = [run_dir / ".checkpoint.pt.4242.tmp", run_dir / "layers" / ".step_0000002.parquet.4242.tmp"]
+    for path in left:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"\0" * 1000)
+    assert run_experiment(config(tmp_path, "train.ckpt_every=2"), progress=False)["status"] == "completed"
+    assert not any(path.exists() for path in left)

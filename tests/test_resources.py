@@ -6,7 +6,6 @@ loads and a real run allocate and write; refusals are one line naming the keys t
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,10 +14,11 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 import deepnorm_exp
-from conftest import REPO, TINY, TINY_MODEL, run_cli, write_text
+from conftest import REPO, TINY, TINY_MODEL, run_cli, write_text, refused
 from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.preflight import preflight
 
@@ -127,6 +127,7 @@ os.environ["HF_HOME"] = tempfile.mkdtemp()  # datasets' own cache, out of the us
 from datasets.utils.logging import disable_progress_bar
 from omegaconf import OmegaConf
 from deepnorm_exp.data import load_data
+import torch
 disable_progress_bar()
 section, warm, task = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 cache = Path(tempfile.mkdtemp())
@@ -282,3 +283,31 @@ def test_the_data_estimate_of_an_unchecked_section_names_a_key_that_breaks_its_r
     with pytest.raises(ConfigError, match=r"^data.trigram_weight=1.5 is invalid"):
         host_bytes({"name": "synthetic", "trigram_weight": 1.5}, "translation")
     assert host_bytes({"name": "synthetic", "train_sequences": 64}).peak > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is missing")
+def test_a_sweep_on_a_missing_device_is_refused_before_any_job(tmp_path, capsys):
+    line = refused(["-m", "device=cuda", "norm=post,pre", *TINY, f"paths.runs={tmp_path / 'runs'}", "logger=none"],
+                   capsys)
+    assert "device=cuda" in line and not (tmp_path / "runs").exists()
+
+
+def test_a_model_too_big_for_memory_is_refused_from_its_estimate(tmp_path, capsys):
+    line = refused(["depth=100000", f"paths.runs={tmp_path / 'runs'}", "logger=none"], capsys)
+    assert "depth=100000" in line and "GiB" in line and "memory_check=false" in line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("overrides", [[], ["model=encdec", "model.encoder_depth=3"], ["norm=admin"],
+                                       ["norm=rezero"], ["norm=sigma_reparam"], ["norm=subln"], ["norm=mixln"],
+                                       ["model.tie_embeddings=false", "model.positions=learned"]])
+def test_the_parameter_estimate_is_exact(overrides):
+    from deepnorm_exp.build import make_scheme, model_depths
+    from deepnorm_exp.data import check_data_config
+    from deepnorm_exp.models import MODELS, count_params
+    from deepnorm_exp.train.memory import estimate
+
+    cfg = deepnorm_exp.compose(["depth=5", *overrides])
+    positions = check_data_config(cfg.data, MODELS.get(cfg.model.kind).task)
+    guess = estimate(cfg, make_scheme(cfg), model_depths(cfg), positions, weight_copy=True)
+    assert guess.params == count_params(deepnorm_exp.build_model(cfg))

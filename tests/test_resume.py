@@ -1,7 +1,9 @@
 """Resume and idempotence: checkpoints, skipping finished runs, continuing killed ones bit for bit."""
 
 import json
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,9 @@ from deepnorm_exp.errors import ConfigError
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.rundir import RunDir
 from deepnorm_exp.train.batches import RandomBatches
+from deepnorm_exp import records
 
-from conftest import TINY, TINY_MODEL, PausedRun, run_cli, write_text
+from conftest import TINY, TINY_MODEL, PausedRun, run_cli, write_text, CrashAt, only_run_dir, SimulatedCrash, config
 
 
 def test_random_batches_resume_mid_epoch_with_the_same_batches():
@@ -35,14 +38,6 @@ def test_run_lock_is_exclusive_and_released(tmp_path):
     first.release()
     assert second.acquire()
     second.release()
-
-
-class SimulatedCrash(Exception):
-    """Raised from a callback: an in-process stand-in for a crash (a kill is tested through the CLI)."""
-
-
-def config(root, *overrides):
-    return deepnorm_exp.compose([*TINY, f"paths.runs={root}", "logger=none", *overrides])
 
 
 def losses(run_dir) -> list:
@@ -191,3 +186,98 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path):
     assert summary["status"] == "completed" and summary["resumed_from_step"] == 2  # step 4 crashed first
     segments = sorted((Path(summary["run_dir"]) / "wandb").glob("offline-run-*"))
     assert len(segments) == 2 and len({s.name.rsplit("-", 1)[1] for s in segments}) == 1  # one run id
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted", "overwritten"])
+def test_resume_rebuilds_a_metrics_file_that_no_longer_matches_the_checkpoint(tmp_path, damage):
+    overrides = ["train.steps=12", "train.log_every=1", "train.ckpt_every=6", "train.eval_every=4"]
+    straight = run_experiment(config(tmp_path / "a", *overrides), progress=False)
+    with pytest.raises(SimulatedCrash):
+        run_experiment(config(tmp_path / "b", *overrides), progress=False, callbacks=[CrashAt(9)])
+    run_dir = only_run_dir(tmp_path / "b")
+    metrics = run_dir / "metrics.jsonl"
+    if damage == "truncated":
+        metrics.write_bytes(metrics.read_bytes()[:40])
+    elif damage == "deleted":
+        metrics.unlink()
+    else:
+        metrics.write_text('{"step": 1, "loss": 99.0}\n' * 3)
+    resumed = run_experiment(config(tmp_path / "b", *overrides), progress=False)
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 6
+    assert b"\x00" not in metrics.read_bytes()
+    assert losses(run_dir) == losses(straight["run_dir"]) and len(losses(run_dir)) == 12
+
+
+def test_a_metric_switched_on_for_a_resumed_run_measures_what_an_uninterrupted_run_does(tmp_path):
+    overrides = ["train.steps=12", "train.log_every=1", "train.ckpt_every=6", "model.dropout=0.1"]
+    straight = run_experiment(config(tmp_path / "a", *overrides), progress=False)
+    with pytest.raises(SimulatedCrash):
+        run_experiment(config(tmp_path / "b", *overrides, "metrics.model_update=false"), progress=False,
+                       callbacks=[CrashAt(8)])
+    resumed = run_experiment(config(tmp_path / "b", *overrides), progress=False)
+    assert resumed["resumed_from_step"] == 6
+
+    def model_update(run_dir):
+        return {r["step"]: r["model_update"] for r in records.read_jsonl(Path(run_dir) / "metrics.jsonl")
+                if "model_update" in r}
+
+    after = model_update(resumed["run_dir"])
+    assert sorted(after) == list(range(7, 13))  # measured from the resumption on
+    expected = model_update(straight["run_dir"])
+    assert all(after[step] == pytest.approx(expected[step], rel=1e-6) for step in after)
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_records_interrupted_and_the_rerun_continues(tmp_path):
+    """(That a resumed run equals an uninterrupted one, bit for bit, test_resume.py shows for SIGTERM and kill -9.)"""
+    args = [*TINY, "train.steps=60", "train.log_every=1", "train.ckpt_every=50", "logger=none", f"paths.runs={tmp_path}"]
+    run = PausedRun(args, step=23, directory=tmp_path / "pause")
+    run.wait_paused()
+    run.proc.send_signal(signal.SIGINT)
+    run.resume()
+    result = run.finish()
+    assert result.returncode == 130 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == "deepnorm_exp: interrupted"
+    run_dir = only_run_dir(tmp_path)
+    summary = records.read_json(run_dir / "summary.json")
+    assert summary["status"] == "interrupted" and summary["steps_completed"] == 23
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] == 23
+    rerun = run_cli(*args)
+    assert rerun.returncode == 0
+    summary = records.read_json(run_dir / "summary.json")
+    assert summary["status"] == "completed" and summary["resumed_from_step"] == 23
+    assert [row[0] for row in losses(run_dir)] == list(range(1, 61))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has stopped; only its parent's wait is missing
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_joblib_sweep_reaches_its_workers_which_checkpoint_and_stop(tmp_path):
+    """`kill <sweep pid>` signals the launcher's process alone; joblib's workers, which train the runs, are
+    its children and would train on to the end of their runs. The sweep hands the signal on to them."""
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY, "train.steps=100000",
+            "train.ckpt_every=0", "logger=none", f"paths.runs={tmp_path}"]
+    run = PausedRun(args, step=7, directory=tmp_path / "pause")
+    worker = None
+    try:
+        worker = run.wait_paused()
+        assert worker != run.proc.pid  # the run trains in a worker process
+        run.proc.send_signal(signal.SIGTERM)
+        run.proc.wait(timeout=60)  # the sweep's own process ends as SIGTERM's sender expects
+        run.resume()
+        deadline = time.monotonic() + 120
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(worker), "the worker trained on after the sweep was stopped"
+        summary = records.read_json(only_run_dir(tmp_path) / "summary.json")
+        assert summary["status"] == "interrupted" and summary["steps_completed"] == 7
+    finally:
+        if worker and alive(worker):
+            os.kill(worker, signal.SIGKILL)
+        run.__exit__()

@@ -10,8 +10,10 @@ import pytest
 
 import deepnorm_exp
 from deepnorm_exp.rundir import RunDir, StudyDir
+from deepnorm_exp.errors import ConfigError
+from deepnorm_exp.lifecycle.run import run_experiment
 
-from conftest import LONG
+from conftest import LONG, write_text, TINY_MODEL, run_cli, config, only_run_dir, refused, TINY
 
 PACKAGE = Path(deepnorm_exp.__file__).parent
 SOURCES = [path for folder in ("deepnorm_exp", "hydra_plugins", "benchmarks")
@@ -116,3 +118,69 @@ def test_a_run_waits_out_a_readers_probe_of_its_lock_but_not_a_run(tmp_path):
         assert not RunDir(tmp_path).lock().acquire(patience=0.2)
     finally:
         holder.release()
+
+
+@pytest.mark.slow
+def test_values_that_sanitise_alike_get_their_own_run_directories(tmp_path):
+    (tmp_path / "corp" / "a").mkdir(parents=True)
+    first = write_text(tmp_path / "corp" / "a" / "b.txt", lines=300, seed=1)
+    second = write_text(tmp_path / "corp" / "a_b.txt", lines=300, seed=2)
+    args = [*TINY_MODEL, "data=text", f"paths.runs={tmp_path / 'runs'}", "logger=none"]
+    for corpus in (first, second):
+        result = run_cli(*args, f"data.files={corpus.relative_to(tmp_path)}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "already completed" not in result.stdout + result.stderr
+    summaries = sorted((tmp_path / "runs" / "default").glob("*/summary.json"))
+    assert len(summaries) == 2  # two corpora, two runs, two results
+    from omegaconf import OmegaConf
+
+    assert {OmegaConf.load(p.parent / "config.yaml").data.files for p in summaries} == {"corp/a/b.txt", "corp/a_b.txt"}
+
+
+def test_a_finished_run_of_another_config_is_never_taken_as_the_result(tmp_path):
+    first = run_experiment(config(tmp_path, "data.seed=1"), progress=False)
+    assert first["status"] == "completed"
+    # Through the API there is no override list to name the directory by: the same directory, another config.
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(config(tmp_path, "data.seed=2"), progress=False)
+    assert refused.value.key == "data.seed" and "data.seed=1" in str(refused.value)
+    replaced = run_experiment(config(tmp_path, "data.seed=2", "resume=false"), progress=False)
+    assert replaced["status"] == "completed" and replaced["wall_s"] != first["wall_s"]
+
+
+def test_a_run_stored_before_a_config_key_existed_is_still_its_configs(tmp_path):
+    """A key added to the schema later (train.deterministic here) is absent from older runs' config.yaml; at
+    its default it trains what they trained, so they are still found finished, and only another value is
+    another config."""
+    from omegaconf import OmegaConf
+
+    first = run_experiment(config(tmp_path), progress=False)
+    stored = Path(first["run_dir"]) / "config.yaml"
+    older = OmegaConf.load(stored)
+    del older.train["deterministic"]
+    OmegaConf.save(older, stored)
+    again = run_experiment(config(tmp_path), progress=False)
+    assert again["status"] == "completed" and again["wall_s"] == first["wall_s"]  # not trained again
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(config(tmp_path, "train.deterministic=true"), progress=False)
+    assert refused.value.key == "train.deterministic"
+
+
+@pytest.mark.slow
+def test_the_command_line_refuses_a_directory_claimed_by_another_config(tmp_path, capsys):
+    args = [*TINY, f"paths.runs={tmp_path}", "logger=none"]
+    assert run_cli(*args).returncode == 0
+    stored = only_run_dir(tmp_path) / "config.yaml"  # another config trained here (e.g. an older version's)
+    stored.write_text(stored.read_text().replace("train_sequences: 64", "train_sequences: 65"))
+    line = refused(args, capsys)
+    assert "data.train_sequences=64" in line and "65" in line and "resume=false" in line
+
+
+def test_a_runs_path_that_is_a_file_or_read_only_is_refused_in_one_line(tmp_path, tmpfs, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    for key, value in (("paths.runs", tmp_path / "file" / "runs"), ("paths.cache", tmp_path / "file")):
+        line = refused([*TINY, "logger=none", f"{key}={value}"], capsys)
+        assert line.startswith(f"deepnorm_exp: error: {key}=") and "is a file" in line
+    read_only = tmpfs("ro", size="1m", read_only=True)
+    line = refused([*TINY, "logger=none", f"paths.runs={read_only / 'runs'}"], capsys)
+    assert line.startswith("deepnorm_exp: error: paths.runs=") and "not writable" in line

@@ -17,9 +17,8 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fill_when_paused, mount_tmpfs
 from test_distributed import COMMON, hooks_env, kill_at_step, pause_env, torchrun
-from test_faults import fill_when_paused, mount_tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +56,7 @@ def disk(tmp_path):
 
 
 def test_a_disk_that_fills_during_a_sharded_save_is_one_line_and_leaves_no_temporary(tmp_path, disk):
-    """As tests/test_faults.py's one-process full disk, on 2 ranks with FSDP, the disk filled by someone
+    """As tests/test_checkpoint.py's one-process full disk, on 2 ranks with FSDP, the disk filled by someone
     else once the run has passed the pre-flight (which refuses a disk too small for the checkpoints): at
     step 1 it is left 300 kB, room for the records but not for the 3.8 MB checkpoint of step 2. Before:
     six tracebacks (DCP's CheckpointException, each rank's failure in it) and `.checkpoint.dcp.tmp/` left

@@ -3,6 +3,8 @@ any way never stops training."""
 
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -11,8 +13,9 @@ import pytest
 import deepnorm_exp
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.sinks import Guarded, Sink
+from deepnorm_exp import records
 
-from conftest import TINY
+from conftest import TINY, PausedRun, only_run_dir
 from wandb_records import read_run
 
 
@@ -92,3 +95,38 @@ def test_guarded_sink_drops_a_failing_sink_and_closes_it():
     guarded.log({"step": 2})
     guarded.finish({})
     assert calls == ["log", "close"]
+
+
+def wandb_service_pids(parent: int) -> list[int]:
+    """Processes started below `parent` whose command line names W&B's service."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ancestor = int(entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if "wandb" in command and ancestor == parent:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_wandb_service_dying_mid_run_is_one_warning_and_the_run_completes(tmp_path):
+    args = [*TINY, "train.steps=30", "logger=wandb", f"paths.runs={tmp_path}"]
+    with PausedRun(args, step=10, directory=tmp_path / "pause") as run:
+        pid = run.wait_paused()
+        services = wandb_service_pids(pid)
+        assert services, "no W&B service process found"
+        for service in services:
+            os.kill(service, signal.SIGKILL)
+        run.resume()
+        result = run.finish()
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output[-3000:]
+    assert sum("W&B" in line and "continuing with the local records only" in line for line in output.splitlines()) == 1
+    summary = records.read_json(only_run_dir(tmp_path) / "summary.json")
+    assert summary["status"] == "completed" and summary["steps_completed"] == 30

@@ -6,6 +6,10 @@ import math
 import pytest
 
 from deepnorm_exp.lifecycle.summary import format_table, learned_fraction, load_summaries, read_summary, write_summary
+import deepnorm_exp
+from deepnorm_exp.lifecycle.run import run_experiment
+
+from conftest import TINY, run_cli, config
 
 
 def test_learned_fraction_spans_unigram_to_optimal():
@@ -159,3 +163,31 @@ def test_the_committed_records_from_before_the_names_by_role_read_as_todays_sche
         today = make_scheme(cfg).constants()
         for role, values in by_role(summary).items():
             assert values == pytest.approx(today[role]), (summary["run_name"], role)
+
+
+@pytest.mark.slow
+def test_a_damaged_summary_is_named_and_does_not_stop_the_sweep_table_or_the_analysis(tmp_path):
+    args = [*TINY, f"paths.runs={tmp_path}", "logger=none"]
+    assert run_cli("-m", "norm=post,pre", *args).returncode == 0
+    (post,) = tmp_path.glob("default/post-*/summary.json")
+    post.write_text('{"status": "compl')  # cut short
+    result = run_cli("-m", "norm=deepnorm", *args)  # another run of the same experiment
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = result.stdout[result.stdout.index("run "):]
+    assert "deepnorm-L6" in table and "pre-L6" in table and f"unreadable: {post}" in table
+    runs = deepnorm_exp.load_runs(tmp_path / "default")
+    assert sorted(runs["norm"]) == ["deepnorm", "pre"]
+
+
+def test_the_summary_says_which_weights_the_eval_loss_measured(tmp_path):
+    spiked = run_experiment(config(tmp_path / "a", "norm=post", "depth=2", "train.lr=1", "train.warmup_steps=0",
+                                   "train.steps=30", "train.divergence.spike_patience=2",
+                                   "train.divergence.spike_factor=1.5"), progress=False)
+    assert spiked["status"] == "diverged" and spiked["divergence_reason"].startswith("loss above")
+    assert spiked["eval_step"] == spiked["diverged_at_step"] - 1 and "include the updates of the 1 step" in \
+        spiked["eval_weights"]
+    nan = run_experiment(config(tmp_path / "b", "norm=post", "depth=2", "train.lr=1e30", "train.warmup_steps=0"),
+                         progress=False)
+    assert nan["eval_weights"].startswith("the last healthy weights")
+    done = run_experiment(config(tmp_path / "c"), progress=False)
+    assert done["eval_step"] == 6 and done["eval_weights"] == "the final weights (step 6)"

@@ -289,3 +289,11 @@ def test_ddp_or_fsdp_on_one_process_says_so_in_one_line(tmp_path, caplog):
     notes = [r.getMessage() for r in caplog.records if "train.parallel=fsdp" in r.getMessage()]
     assert len(notes) == 1 and "one process" in notes[0] and "torchrun" in notes[0] and "\n" not in notes[0]
     assert (summary["status"], summary["parallel"]) == ("completed", "none")
+
+
+def test_callbacks_with_one_name_are_refused():
+    from deepnorm_exp.train.trainer import Trainer
+
+    with pytest.raises(ValueError, match="distinct names"):
+        Trainer(model=None, optimizer=None, scheduler=None, batches=None, steps=1, device=None,
+                callbacks=[Callback(), Callback()])

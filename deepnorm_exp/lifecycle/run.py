@@ -162,11 +162,12 @@ def close_records(parts: RunParts, runtime: Runtime, out_dir: Path, summary: Run
     summary.wall_s = parts.clock.elapsed() if parts.clock is not None else time.perf_counter() - parts.started
     summary.finished_at = utc_now()
     if runtime.is_main:
-        if has_ended(summary.record()):  # the records are on disk by now: the sinks write as they receive
+        record = summary.record()
+        if has_ended(record):  # the records are on disk by now: the sinks write as they receive
             from .diagnosis import diagnose_run_dir  # pandas: only once training is over
 
-            summary.diagnosis = diagnose_run_dir(out_dir, summary.record())
-        record = summary.record()
+            summary.diagnosis = diagnose_run_dir(out_dir, record)
+            record = summary.record()
         for sink in parts.sinks:
             sink.finish(record)
         try:
