@@ -65,14 +65,17 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 # Every test, the end-to-end CLI runs (marked slow) and the manual's strict build included; the 40 slowest are
-# listed at the end (candidates for the slow mark, which test-fast leaves out).
+# listed at the end (candidates for the slow mark, which test-fast leaves out). One pytest-xdist worker per core
+# (TEST_WORKERS; 0 runs them in this process), each with one torch thread: the tests' models are too small for a
+# second thread to pay, and two workers that each use every core slow each other many times.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=40
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=40
 
-# The tests not marked slow (unit tests, one case of each hostile input; under 5 minutes on 2 cores), while
-# editing: `make test` before a commit.
+# The tests not marked slow (unit tests, one case of each hostile input), while editing: `make test` before a
+# commit.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS)
 
 # The harness against a bare loop (about 25 minutes on 2 cores; docs/speed.md): each finished section's
 # printed lines go to benchmarks/results/<section>.txt, and the manual's bench blocks are rewritten from them.

@@ -17,11 +17,13 @@ SHOWN_CHARS = 80  # of a value echoed in an error: a 10,000-character value is n
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     """`value` as an error line shows it: control characters escaped (a newline must not break the line),
-    and cut to `limit` characters with its length said."""
+    and cut in its middle to about `limit` characters with its length said. Both ends stay: a path's end is
+    the file the line is about."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
     if len(text) <= limit:
         return text
-    return f"{text[:limit - 20]}... ({len(str(value)):,} characters)"
+    end = (limit - 20) // 2
+    return f"{text[:end]}...{text[-end:]} ({len(str(value)):,} characters)"
 
 
 class ConfigError(HarnessError, ValueError):

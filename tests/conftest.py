@@ -87,8 +87,15 @@ def tiny(runs_root):
     return [*TINY, f"paths.runs={runs_root}", "logger=none", f"paths.submitit={runs_root.parent / 'submitit'}"]
 
 
+def child_env(**extra) -> dict:
+    """The environment of a command a test starts, as a user's shell would start it. WANDB_SERVICE is emptied:
+    W&B leaves it set in a process that has run W&B (an in-process test), and a child that inherits it logs
+    through that process's service instead of starting its own."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", "WANDB_SERVICE": "", **extra}
+
+
 def run_cli(*args, timeout=300, env_extra=None, cwd=REPO):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", **(env_extra or {})}
+    env = child_env(**(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "deepnorm_exp", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -109,9 +116,8 @@ class PausedRun:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", "PYTHONPATH": path,
-               "DEEPNORM_TEST_PAUSE_AT": str(step), "DEEPNORM_TEST_PAUSE_DIR": str(self.directory),
-               **(env_extra or {})}
+        env = child_env(PYTHONPATH=path, DEEPNORM_TEST_PAUSE_AT=str(step), DEEPNORM_TEST_PAUSE_DIR=str(self.directory),
+                        **(env_extra or {}))
         self.proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", *args], cwd=REPO, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -249,6 +249,15 @@ def test_an_echoed_value_is_cut_and_its_control_characters_escaped():
     assert str(ConfigError("k", "a\tb\nc", "why")) == "k=a\\tb\\nc is invalid: why"
 
 
+def test_a_long_path_is_cut_in_its_middle_so_the_line_still_names_the_file():
+    from deepnorm_exp.errors import SHOWN_CHARS, shown
+
+    path = "/scratch/" + "project/" * 12 + "corpus.txt"
+    line = shown(path)
+    assert line.startswith("/scratch/project/") and line.endswith(f"/corpus.txt ({len(path):,} characters)")
+    assert len(line) <= SHOWN_CHARS + 5 and shown("short/path.txt") == "short/path.txt"
+
+
 @pytest.mark.parametrize("override, says", [
     ("data.num_proc=0", "must be a positive integer, or null for all cores for large corpora, else 1"),
     ("data.eval_fraction=1.0", "must be in (0, 1)"), ("data.eval_blocks=0", "must be a positive integer"),

@@ -85,17 +85,6 @@ def lr_summary(runs: pd.DataFrame) -> pd.DataFrame:
                                        "sensitivity", "edge", "rates", "left_out"])
 
 
-def at_best_rates(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs of each (scheme, depth) at its own best grid rate (`lr_summary`), with `best_lr`."""
-    summary = lr_summary(runs)
-    if summary.empty:
-        return runs.iloc[0:0]
-    best = {(r.norm, r.depth): r.best_lr for r in summary.itertuples()}
-    rate = [best.get((norm, int(depth))) for norm, depth in zip(runs["norm"], runs["depth"])]
-    keep = [b is not None and float(lr) == b for b, lr in zip(rate, runs[LR])]
-    return runs[keep].assign(best_lr=[b for b, k in zip(rate, keep) if k])
-
-
 def tuned_lr_yaml(summary: pd.DataFrame, study: str) -> str:
     """conf/tuned_lr/<study>.yaml: the best rate per scheme and depth, which a preset reads with
     `train.lr: ${tuned_lr:}` (deepnorm_exp/config.py), written from the records, never by hand."""

@@ -1,23 +1,12 @@
 """The disk a run's records take, known before it starts, and the pre-flight's refusal of what will not fit.
 
-Each record writer's bytes per record (measured on real runs; tests/test_resources.py runs one through the
-command line and holds every part of the estimate against the bytes it wrote), counted at the run's
-intervals over `train.steps`:
-
-* `metrics.jsonl`: one line (<= 512 bytes with every scalar on) at each step due for `train.log_every` or
-  `train.eval_every` (and the last); `events.jsonl`: loss spikes and a divergence, allowed one a hundred steps;
-* `layers/`: one Parquet file every `metrics.layer_every` steps (and at step 0 and the last step) with a row
-  per residual block: ~5.5 kB of schema and footer plus ~90 bytes a row (14 float32 metrics, the index
-  columns; 172 kB at 1,000 layers, random values: the incompressible case);
-* W&B's offline copy (`logger=wandb`, the default, in any mode but disabled): its log (~0.8 kB a scalar
-  line, ~2 kB per metric and stack at a per-layer step) and, at every per-layer step after step 0, one
-  heatmap PNG per metric and stack, ~26 kB plus up to 4 bytes a depth x step cell it shows (at most 280
-  layers by 120 steps a panel: what 80 dpi resolves; random values at 1,000 layers over 100 steps measured
-  165-186 kB an image), the most of all the records at depth;
-* `checkpoint.pt`: 12 bytes a parameter (fp32 weights, Adam's two moments) plus ~300 bytes a stored tensor,
-  the records so far (the sinks' text), the model update's reference output and ~64 kB of state; the new one
-  is written beside the old, so two exist for a moment, and a finished run deletes it (`train.keep_checkpoint`);
-* `config.yaml`, `summary.json` and the lock: ~16 kB.
+Each record writer's bytes per record (the constants below, measured on real runs; tests/test_resources.py runs
+one through the command line and holds every part of the estimate against the bytes it wrote), counted at the
+run's intervals over `train.steps`: metrics.jsonl and events.jsonl, the per-layer Parquet files (172 kB each
+at 1,000 layers of random values: the incompressible case), W&B's offline copy (its log and one heatmap PNG per
+metric and stack at every per-layer step after step 0; 165-186 kB an image at 1,000 layers over 100 steps, the
+most of all the records at depth), the checkpoint (two exist for a moment: the new one is written beside the
+old; a finished run deletes it unless `train.keep_checkpoint`), and the run's small files.
 
 A sweep's runs are summed per file system; each run holds its checkpoint pair while it trains, so the
 launcher's concurrent runs (joblib's n_jobs) add theirs. A run that already finished writes nothing more. A
@@ -122,11 +111,6 @@ def estimate(cfg: DictConfig, positions: int, model_shape: Shape, depths: dict[s
         parts[RunDir.CHECKPOINT] = checkpoint
         keys[RunDir.CHECKPOINT] = ("train.keep_checkpoint", True)
     return DiskEstimate(parts, transient=checkpoint if train.keep_checkpoint else 2 * checkpoint, keys=keys)
-
-
-def image_bytes(panels: int, layers: int, columns: int) -> int:
-    """A heatmap PNG of `panels` sublayer kinds x `layers` layers x `columns` per-layer steps, at most."""
-    return IMAGE_BYTES + IMAGE_CELL_BYTES * panels * min(layers, IMAGE_ROWS) * min(columns, IMAGE_COLUMNS)
 
 
 def images_bytes(panels: int, layers: int, per_layer: int) -> int:
