@@ -152,19 +152,15 @@ def build_report(root: str | Path) -> str:
     if runs.empty:
         raise SystemExit(f"deepnorm_exp.analysis.report: no runs (no */summary.json) under {root}")
     frontier = load_frontier(root)
-    lr_axis = "train.lr" in runs and runs["train.lr"].nunique() > 1
-    one_lr, lr = at_one_lr(runs)  # curves and profiles average seeds: never across learning rates
-    scalars, layers = load_scalars(one_lr), load_layer_records(one_lr)
-    figures = {
-        "Loss vs depth": plots.depth_stability(runs),
-        "Stability map": plots.stability_map(runs, frontier) if lr_axis or len(frontier) else None,
-        "Stability frontier across depth": plots.frontier_law(frontier) if len(frontier) else None,
-        "Model update": plots.model_update(scalars),
-        "LayerNorm input norm": plots.ln_input_norm(layers, one_lr),
-        "Per-layer gradient norm": plots.layer_profile(layers, "grad_norm"),
-        "Per-layer update ratio": plots.layer_profile(layers, "update_ratio"),
-        "Training curves": plots.training_curves(scalars, one_lr),
-    }
+    sections = [*_summary_section(root, runs), *_frontier_section(frontier), *_figure_sections(runs, frontier),
+                "<h2>Runs</h2>", "<p>Click a header to sort.</p>", runs_table(runs), *_diagnosis_section(runs)]
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>deepnorm_exp: '
+            f"{html_text(root.name)}</title><style>{STYLE}</style></head><body>{''.join(sections)}"
+            f"<script>{SCRIPT}</script></body></html>")
+
+
+def _summary_section(root: Path, runs: pd.DataFrame) -> list[str]:
+    """The title, what the runs are, and the eval loss by norm and depth."""
     counts = runs["status"].value_counts().to_dict()
     sections = [
         f"<h1>deepnorm_exp report: {html_text(root.name)}</h1>",
@@ -180,31 +176,58 @@ def build_report(root: str | Path) -> str:
     if unfinished:
         sections.insert(2, f'<p class="meta"><strong>{unfinished} run(s) running or unfinished</strong>: their rows and '
                            "curves are what they recorded so far; the tables of final losses leave them out.</p>")
-    if len(frontier):
-        columns = [c for c in ("norm", "depth", "max_stable_lr", "min_unstable_lr", "runs", "runs_spent", "grid_runs")
-                   if c in frontier]
-        sections += ["<h2>Stability frontier</h2>", frame_table(frontier[columns], index=False, table_id="frontier")]
-        if {"norm", "depth"} <= set(frontier):
-            law = fit_frontier_law(frontier)
-            law["depths"] = law["depths"].map(lambda ds: ", ".join(map(str, ds)))
-            sections += ["<p>The frontier law, per scheme: log(max stable lr) = intercept + slope log(depth), "
-                         "least squares through each cell's bracket midpoint; the interval is the central 95% "
-                         "over draws that place every cell's frontier inside its bracket and resample the "
-                         "seeds (open brackets are censored: left out, counted).</p>",
-                         frame_table(law, index=False, table_id="frontier-law")]
+    return sections
+
+
+def _frontier_section(frontier: pd.DataFrame) -> list[str]:
+    """The frontier sweeper's brackets and the frontier law fitted to them (nothing without a frontier)."""
+    if not len(frontier):
+        return []
+    columns = [c for c in ("norm", "depth", "max_stable_lr", "min_unstable_lr", "runs", "runs_spent", "grid_runs")
+               if c in frontier]
+    sections = ["<h2>Stability frontier</h2>", frame_table(frontier[columns], index=False, table_id="frontier")]
+    if {"norm", "depth"} <= set(frontier):
+        law = fit_frontier_law(frontier)
+        law["depths"] = law["depths"].map(lambda ds: ", ".join(map(str, ds)))
+        sections += ["<p>The frontier law, per scheme: log(max stable lr) = intercept + slope log(depth), "
+                     "least squares through each cell's bracket midpoint; the interval is the central 95% "
+                     "over draws that place every cell's frontier inside its bracket and resample the "
+                     "seeds (open brackets are censored: left out, counted).</p>",
+                     frame_table(law, index=False, table_id="frontier-law")]
+    return sections
+
+
+def _figure_sections(runs: pd.DataFrame, frontier: pd.DataFrame) -> list[str]:
+    """Every figure the runs can draw, in FIGURES' order."""
+    lr_axis = "train.lr" in runs and runs["train.lr"].nunique() > 1
+    one_lr, lr = at_one_lr(runs)  # curves and profiles average seeds: never across learning rates
+    scalars, layers = load_scalars(one_lr), load_layer_records(one_lr)
+    figures = {
+        "Loss vs depth": plots.depth_stability(runs),
+        "Stability map": plots.stability_map(runs, frontier) if lr_axis or len(frontier) else None,
+        "Stability frontier across depth": plots.frontier_law(frontier) if len(frontier) else None,
+        "Model update": plots.model_update(scalars),
+        "LayerNorm input norm": plots.ln_input_norm(layers, one_lr),
+        "Per-layer gradient norm": plots.layer_profile(layers, "grad_norm"),
+        "Per-layer update ratio": plots.layer_profile(layers, "update_ratio"),
+        "Training curves": plots.training_curves(scalars, one_lr),
+    }
+    sections = []
     for title, caption in FIGURES:
         if figures.get(title) is not None:
             if lr is not None and title in PER_RUN_FIGURES:
                 caption += f" Runs at lr {lr:g} only (the most common of the sweep's {runs['train.lr'].nunique()})."
             sections.append(_figure(title, caption, figures[title]))
-    sections += ["<h2>Runs</h2>", "<p>Click a header to sort.</p>", runs_table(runs)]
-    if not (diagnoses := diagnosis_table(runs)).empty:
-        sections += ["<h2>Diagnosis</h2>", "<p>Why each run ended as it did, from its records (docs/stability.md: the "
-                     "diagnosis of a run); each run's evidence below.</p>", frame_table(diagnoses, table_id="diagnosis"),
-                     diagnosis_panels(runs)]
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>deepnorm_exp: '
-            f"{html_text(root.name)}</title><style>{STYLE}</style></head><body>{''.join(sections)}"
-            f"<script>{SCRIPT}</script></body></html>")
+    return sections
+
+
+def _diagnosis_section(runs: pd.DataFrame) -> list[str]:
+    """Why each run ended as it did (nothing when no run has a diagnosis)."""
+    if (diagnoses := diagnosis_table(runs)).empty:
+        return []
+    return ["<h2>Diagnosis</h2>", "<p>Why each run ended as it did, from its records (docs/stability.md: the "
+            "diagnosis of a run); each run's evidence below.</p>", frame_table(diagnoses, table_id="diagnosis"),
+            diagnosis_panels(runs)]
 
 
 def write_report(root: str | Path, out: Optional[str | Path] = None) -> Path:
