@@ -34,11 +34,15 @@ BETTER = {("deepnorm", 6): (2.00, 2.01, 2.02), ("pre", 6): (2.10, 2.11, 2.12),
 def test_ends_better_is_welchs_one_sided_t_test_at_every_depth():
     met, numbers = judged(final.ends_better("deepnorm", "pre"), runs(BETTER))
     assert met is True
-    assert numbers.startswith("L6 deepnorm 2.010 vs pre 2.110 (3 and 3 seeds): deepnorm lower by 0.100 ± 0.008 (SE; needs 2.13 SE)")
+    assert numbers.startswith("L6 deepnorm 2.010 vs pre 2.110 (3 and 3 seeds): deepnorm below pre by 0.100 ± 0.008 (SE; below needs 2.13 SE)")
     # the claim is false: at L18 the gap (0.01) is within t SE of the seeds' spread
     close = {**BETTER, ("deepnorm", 18): (1.99, 2.01, 2.03)}
     met, numbers = judged(final.ends_better("deepnorm", "pre"), runs(close))
-    assert met is False and "L18 deepnorm 2.010 vs pre 2.020 (3 and 3 seeds): deepnorm lower by 0.010 ± 0.016" in numbers
+    assert met is False and "L18 deepnorm 2.010 vs pre 2.020 (3 and 3 seeds): deepnorm below pre by 0.010 ± 0.016" in numbers
+    # a scheme that ends higher is said to be above, not "lower by" a negative gap
+    worse = {**BETTER, ("deepnorm", 18): (2.05, 2.06, 2.07)}
+    assert "L18 deepnorm 2.060 vs pre 2.020 (3 and 3 seeds): deepnorm above pre by 0.040" in judged(
+        final.ends_better("deepnorm", "pre"), runs(worse))[1]
     # ... and a diverged seed counts as its loss at initialisation
     assert judged(final.ends_better("deepnorm", "pre"), runs(BETTER, diverged=(("deepnorm", 6, 2),)))[0] is False
     # one seed each: no standard error, no verdict
@@ -62,7 +66,7 @@ def test_deepnorm_keeps_improving_only_when_each_deeper_depth_is_lower_by_the_te
               ("deepnorm", 50): (2.00, 2.01, 2.02)}
     met, numbers = judged(final.improves_with_depth("deepnorm"), runs(deeper))
     assert met is True and numbers.startswith("deepnorm's mean eval loss L6 2.310, L18 2.110, L50 2.010; "
-                                              "L18 below L6 by 0.200 ± 0.008 (SE; needs 2.13 SE)")
+                                              "L18 below L6 by 0.200 ± 0.008 (SE; below needs 2.13 SE)")
     flat = {**deeper, ("deepnorm", 50): (2.10, 2.12, 2.14)}
     assert judged(final.improves_with_depth("deepnorm"), runs(flat))[0] is False
     # 2 SE is not enough with three seeds: a gap of 2.5 SE passes, one of 2 SE does not (t = 2.13 at 4 df)

@@ -212,6 +212,10 @@ def test_preset_time_counts_each_invocation_to_its_end_or_its_last_finished_run(
                                "last finished run); 3 runs, 45 min 00 s of run time; JoblibLauncher x 2 "
                                "(with <code>logger=none</code>)")
     assert preset_time(tmp_path / "none", runs).elapsed_s is None
+    # runs on a GPU say so: the times are not this machine's 2 cores
+    on_gpu = preset_time(tmp_path, runs.assign(device=["cuda", "cuda", "cpu"])).describe()
+    assert on_gpu.endswith("(with <code>logger=none</code>); run on cpu, cuda")
+    assert "run on" not in preset_time(tmp_path, runs.assign(device="cpu")).describe()
     assert (duration(42.4), duration(343), duration(7380)) == ("42 s", "5 min 43 s", "2 h 03 min")
 
 

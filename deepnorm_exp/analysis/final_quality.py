@@ -55,10 +55,15 @@ def _lower(gap: float, se: float, t: float) -> bool:
     return gap > t * se if se > 0 else gap > 0
 
 
+def _gap(name_a: str, name_b: str, gap: float, se: float, t: float) -> str:
+    """How far A is below B (gap = mean B - mean A), said with its sign in words: "above by" when A is higher."""
+    side = "below" if gap >= 0 else "above"
+    return f"{name_a} {side} {name_b} by {abs(gap):.3f} ± {se:.3f} (SE; below needs {t:.2f} SE)"
+
+
 def _said(depth: int, name_a: str, a: pd.Series, name_b: str, b: pd.Series, difference: tuple) -> str:
-    gap, se, t = difference
     return (f"L{depth} {name_a} {a.mean():.3f} vs {name_b} {b.mean():.3f} ({len(a)} and {len(b)} seeds): "
-            f"{name_a} lower by {gap:.3f} ± {se:.3f} (SE; needs {t:.2f} SE)")
+            + _gap(name_a, name_b, *difference))
 
 
 def ends_better(norm: str, other: str, where_trained: str | None = None):
@@ -96,8 +101,7 @@ def improves_with_depth(norm: str):
             return None, f"{norm} needs two seeds or more at two depths"
         steps = [(shallow, deep, *_difference(of[deep], of[shallow])) for shallow, deep in zip(depths, depths[1:])]
         means = ", ".join(f"L{d} {of[d].mean():.3f}" for d in depths)
-        text = "; ".join(f"L{deep} below L{shallow} by {gap:.3f} ± {se:.3f} (SE; needs {t:.2f} SE)"
-                         for shallow, deep, gap, se, t in steps)
+        text = "; ".join(_gap(f"L{deep}", f"L{shallow}", gap, se, t) for shallow, deep, gap, se, t in steps)
         return (all(_lower(gap, se, t) for _, _, gap, se, t in steps),
                 f"{norm}'s mean eval loss {means}; {text} (improving: Welch's t-test, one-sided, at "
                 f"{1 - CONFIDENCE:.0%})" + (f"; left out, under two seeds: {', '.join(f'L{d}' for d in skipped)}"

@@ -34,6 +34,7 @@ class PresetTime:
     open: int  # invocations without an end line: killed, or still running (their time ends at their last run)
     overrides: tuple[str, ...] = ()  # what the invocations added to `experiment=...`, if anything
     launchers: tuple[str, ...] = ()  # "JoblibLauncher x 2", ...
+    devices: tuple[str, ...] = ()  # the runs' devices (summary.device), said where one is not the CPU
 
     def describe(self) -> str:
         if self.elapsed_s is None:
@@ -46,7 +47,8 @@ class PresetTime:
         text += f"; {self.runs} runs, {duration(self.worker_s)} of run time"
         if self.launchers:  # from the sweep log: escaped (Markdown, as every page shows it)
             text += f"; {md_text(', '.join(self.launchers))}"
-        return text + (f" (with {' '.join(map(md_code, self.overrides))})" if self.overrides else "")
+        text += f" (with {' '.join(map(md_code, self.overrides))})" if self.overrides else ""
+        return text + (f"; run on {md_text(', '.join(self.devices))}" if set(self.devices) - {"cpu"} else "")
 
 
 def duration(seconds: float) -> str:
@@ -122,5 +124,6 @@ def preset_time(experiment_dir: str | Path, runs: pd.DataFrame) -> PresetTime:
     added = dict.fromkeys(o for line in lines for o in line.get("overrides", []) if not o.startswith("experiment="))
     launchers = dict.fromkeys(f"{line['launcher']} x {line['workers']}" if line.get("workers") else line["launcher"]
                               for line in lines if line.get("launcher"))
+    devices = tuple(sorted(runs["device"].dropna().astype(str).unique())) if "device" in runs else ()
     return PresetTime(len(runs), worker, _union_seconds(intervals), len(starts), still_open, tuple(added),
-                      tuple(launchers))
+                      tuple(launchers), devices)
