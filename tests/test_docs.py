@@ -60,3 +60,14 @@ def test_the_readme_is_a_front_door():
     for page in (REPO / "docs").glob("*.md"):
         if page.name != "index.md":
             assert f"(docs/{page.name}" in readme, page.name
+
+
+def test_the_printed_refusal_of_an_unknown_scheme_lists_every_registered_scheme():
+    """README and docs/running.md show the line `norm=batchnorm` prints; it listed 21 schemes while 23 were
+    registered (post_init and derf missing) until this test."""
+    from deepnorm_exp.schemes import SCHEMES
+
+    line = "deepnorm_exp: error: norm=batchnorm is invalid: choose one of: " + ", ".join(SCHEMES.names())
+    for page in (REPO / "README.md", REPO / "docs" / "running.md"):
+        shown = [row for row in page.read_text().splitlines() if "norm=batchnorm is invalid" in row]
+        assert shown == [line], page.name

@@ -77,7 +77,7 @@ def test_residual_dropout_is_the_last_thing_a_sublayer_does():
 
 @pytest.mark.parametrize("norm", ["post", "pre", "deepnorm", "admin", "skipinit", "tfixup", "subln", "periln",
                                   "lnscale", "mixln", "dsinit", "sigma_reparam", "depth_mup", "completep", "deepscalelm",
-                                  "dyt", "olmo2", "hybridnorm", "ngpt"])
+                                  "dyt", "derf", "olmo2", "hybridnorm", "ngpt"])
 def test_every_scheme_combines_the_dropped_out_branch(norm):
     """The block in training mode equals the scheme's combine applied to G(x) with the same dropout mask.
     (ReZero's branch scalar is 0 at init, so its combine ignores G; SkipInit's is set to 0.5 here.)"""

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import deepnorm_exp
+from deepnorm_exp.schemes.derf import DynamicErf
 from deepnorm_exp.schemes.dyt import DynamicTanh
 
 WIDE = ["model.d_model=64", "model.n_heads=4", "model.d_ff=256", "model.dropout=0.0"]
@@ -55,23 +56,68 @@ def _logits_and_grads(model, tokens):
     return logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+# --- Derf: github.com/zlab-princeton/Derf, ViT/dynamic_erf.py at 6e1d81c1978778c00ef2195670ea6001a92c1dab -----
+class OfficialDynamicErf(nn.Module):
+    """Transcribed from Dynamic_erf in dynamic_erf.py (channels_last=True); its GPT-2 patch's module computes
+    the same (weight * erf(alpha x + shift) + bias)."""
+
+    def __init__(self, normalized_shape, channels_last=True, alpha_init_value=0.5, shift_init_value=0.0):
+        super().__init__()
+        self.normalized_shape, self.alpha_init_value = normalized_shape, alpha_init_value
+        self.channels_last, self.shift_init_value = channels_last, shift_init_value
+        self.alpha = nn.Parameter(torch.ones(1) * alpha_init_value)
+        self.weight = nn.Parameter(torch.ones(normalized_shape))
+        self.bias = nn.Parameter(torch.zeros(normalized_shape))
+        self.shift = nn.Parameter(torch.ones(1) * shift_init_value)
+
+    def forward(self, x):
+        x = self.alpha * x + self.shift
+        x = torch.erf(x)
+        if self.channels_last:
+            x = x * self.weight + self.bias
+        else:
+            x = x * self.weight[:, None, None] + self.bias[:, None, None]
+        return x
+
+
+def official_convert_ln_to_derf(module, alpha_init_value=0.5, shift_init_value=0.0):
+    """Transcribed from convert_ln_to_derf in dynamic_erf.py: every nn.LayerNorm, recursively, becomes a
+    Dynamic_erf of its shape."""
+    module_output = module
+    if isinstance(module, nn.LayerNorm):
+        module_output = OfficialDynamicErf(module.normalized_shape, True, alpha_init_value, shift_init_value)
+    for name, child in module.named_children():
+        module_output.add_module(name, official_convert_ln_to_derf(child, alpha_init_value, shift_init_value))
+    del module
+    return module_output
+
+
+POINTWISE = {"dyt": (official_convert_ln_to_dyt, OfficialDynamicTanh, DynamicTanh),
+             "derf": (official_convert_ln_to_derf, OfficialDynamicErf, DynamicErf)}
+
+
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("depth", [2, 12])
-def test_dyt_equals_the_official_module_on_pre_ln(depth, dtype, tol, record_deviation):
-    """The official recipe is Pre-LN with every LayerNorm converted: built here from the project's Pre-LN
-    (Xavier init, as the zoo's) and given the DyT model's weights, it must compute what norm=dyt does."""
-    cfg = deepnorm_exp.compose(["norm=dyt", f"depth={depth}", *WIDE])
+@pytest.mark.parametrize("norm", sorted(POINTWISE))
+def test_pointwise_norms_equal_the_official_module_on_pre_ln(norm, depth, dtype, tol, record_deviation):
+    """The official recipe (DyT's and Derf's) is Pre-LN with every LayerNorm converted: built here from the
+    project's Pre-LN (Xavier init, as the zoo's) and given the scheme's weights, it must compute what
+    norm=dyt / norm=derf does."""
+    convert, official_module, ours_module = POINTWISE[norm]
+    cfg = deepnorm_exp.compose([f"norm={norm}", f"depth={depth}", *WIDE])
     torch.manual_seed(0)
     ours = deepnorm_exp.build_model(cfg).to(dtype)
-    official = official_convert_ln_to_dyt(deepnorm_exp.build_model(deepnorm_exp.compose(
+    official = convert(deepnorm_exp.build_model(deepnorm_exp.compose(
         ["norm=pre", "norm.init=xavier", f"depth={depth}", *WIDE]))).to(dtype)
-    assert sum(isinstance(m, OfficialDynamicTanh) for m in official.modules()) == 2 * depth + 1
-    with torch.no_grad():  # alpha learned away from 0.5, so the copy is what is compared, not the defaults
+    assert sum(isinstance(m, official_module) for m in official.modules()) == 2 * depth + 1
+    with torch.no_grad():  # learned away from their starts, so the copy is what is compared, not the defaults
         for module in ours.modules():
-            if isinstance(module, DynamicTanh):
+            if isinstance(module, ours_module):
                 module.alpha.uniform_(0.3, 1.2)
                 module.weight.normal_(1.0, 0.2)
                 module.bias.normal_(0.0, 0.2)
+                if hasattr(module, "shift"):
+                    module.shift.uniform_(-0.3, 0.3)
     official.load_state_dict(ours.state_dict())
     ours.eval(), official.eval()  # no dropout on either side
     tokens = torch.randint(0, cfg.data.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -85,11 +131,12 @@ def test_dyt_equals_the_official_module_on_pre_ln(depth, dtype, tol, record_devi
     for name, grad in ours_grads.items():
         assert torch.allclose(grad, off_grads[name], rtol=tol, atol=tol * grad.abs().max().item()), name
 
-    # negative control: one layer's alpha 1% off on the official side must show in the logits
-    wrong = copy.deepcopy(official)
-    with torch.no_grad():
-        next(m for m in wrong.modules() if isinstance(m, OfficialDynamicTanh)).alpha.mul_(1.01)
-    assert not torch.allclose(ours_logits, wrong(tokens).detach(), rtol=tol, atol=tol)
+    # negative controls: one layer's alpha (and Derf's shift) 1% off on the official side must show
+    for name in ("alpha", "shift") if norm == "derf" else ("alpha",):
+        wrong = copy.deepcopy(official)
+        with torch.no_grad():
+            getattr(next(m for m in wrong.modules() if isinstance(m, official_module)), name).mul_(1.01)
+        assert not torch.allclose(ours_logits, wrong(tokens).detach(), rtol=tol, atol=tol), name
 
 
 def test_dyt_defaults_are_the_official_modules_init():
@@ -97,6 +144,14 @@ def test_dyt_defaults_are_the_official_modules_init():
     ours = DynamicTanh(64, 0.5)
     for name in ("alpha", "weight", "bias"):
         assert torch.equal(getattr(ours, name), getattr(official, name)), name
+
+
+def test_derf_defaults_are_the_official_modules_init():
+    official, ours = OfficialDynamicErf(64), DynamicErf(64, 0.5)
+    for name in ("alpha", "shift", "weight", "bias"):
+        assert torch.equal(getattr(ours, name), getattr(official, name)), name
+    model = deepnorm_exp.build_model(deepnorm_exp.compose(["norm=derf", "depth=2", *WIDE]))
+    assert all(m.alpha.item() == 0.5 and m.shift.item() == 0.0 for m in model.modules() if isinstance(m, DynamicErf))
 
 
 # --- nGPT: github.com/NVIDIA/ngpt, model.py and train.py at ed19eb232380d41a9d71024b58d2403937d8f2c9 -------

@@ -352,6 +352,25 @@ def test_dyt_replaces_every_norm_with_a_tanh_of_its_own_alpha0():
     assert all(block.cross.norm.alpha.item() == pytest.approx(0.7) for block in encdec.decoder)
 
 
+def test_derf_replaces_every_norm_with_an_erf_of_its_own_alpha0_and_shift():
+    from deepnorm_exp.schemes.derf import DynamicErf
+
+    model, _ = build("derf", 3, *WIDE, "norm.alpha_attn=0.8", "norm.alpha_ffn=0.2", "norm.alpha_final=0.1",
+                     "norm.shift=0.3")
+    assert norms_in(model) == []  # no statistic is computed anywhere
+    erfs = [m for m in model.modules() if isinstance(m, DynamicErf)]
+    assert len(erfs) == 2 * 3 + 1 and all(m.shift.item() == pytest.approx(0.3) for m in erfs)
+    for block in model.blocks:
+        assert block.attn.norm.alpha.item() == pytest.approx(0.8) and block.ffn.norm.alpha.item() == pytest.approx(0.2)
+    assert isinstance(model.final_norm, DynamicErf) and model.final_norm.alpha.item() == pytest.approx(0.1)
+    block, x = model.blocks[1].ffn, x_like()
+    assert torch.allclose(block(x), x + block.sublayer(torch.erf(0.2 * x + 0.3)), atol=1e-6)  # weight 1, bias 0
+    no_bias, _ = build("derf", 2, *WIDE, "norm.bias=false")
+    assert all(m.bias is None for m in no_bias.modules() if isinstance(m, DynamicErf))
+    encdec, _ = build("derf", 2, *WIDE, "norm.alpha_attn=0.7", model="encdec")
+    assert all(block.cross.norm.alpha.item() == pytest.approx(0.7) for block in encdec.decoder)
+
+
 def test_olmo2_normalizes_only_the_output_of_each_sublayer():
     model, _ = build("olmo2", 2, *WIDE)
     block, x = model.blocks[1].attn, x_like()

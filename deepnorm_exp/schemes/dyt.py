@@ -39,7 +39,6 @@ class DyTConfig(SchemeConfig):
     bias: bool = True  # the official module's bias; false: the LLaMA experiments' form
 
 
-
 class DynamicTanh(nn.Module):
     """weight * tanh(alpha x) + bias over the last dimension, alpha a learned scalar."""
 
@@ -61,9 +60,13 @@ class DynamicTanh(nn.Module):
 class DyT(PreNorm):
     Config = DyTConfig
 
+    def pointwise(self, d_model: int, alpha0: float) -> nn.Module:
+        """The element-wise function that stands where each LayerNorm was (Derf subclasses with its own)."""
+        return DynamicTanh(d_model, alpha0, self.cfg.bias)
+
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         alpha0 = self.cfg.alpha_ffn if sublayer.kind == "ffn" else self.cfg.alpha_attn
-        return PreNormResidual(sublayer, DynamicTanh(sublayer.d_model, alpha0, self.cfg.bias))
+        return PreNormResidual(sublayer, self.pointwise(sublayer.d_model, alpha0))
 
     def final_norm(self, d_model: int, stack: str) -> nn.Module:
-        return DynamicTanh(d_model, self.cfg.alpha_final, self.cfg.bias)
+        return self.pointwise(d_model, self.cfg.alpha_final)
