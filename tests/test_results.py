@@ -4,6 +4,7 @@ end to end through `make results`, is tested in test_analysis.py on a real tiny 
 import json
 
 import pandas as pd
+import yaml
 import pytest
 
 from deepnorm_exp.analysis import claims
@@ -11,7 +12,7 @@ from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_
 from deepnorm_exp.analysis.blocks import update_blocks
 from deepnorm_exp.analysis.page import markdown_table
 from deepnorm_exp.analysis.results import build_results
-from deepnorm_exp.analysis.timing import duration, preset_time, sweep_finished
+from deepnorm_exp.analysis.timing import duration, grid_size, preset_time, sweep_finished, sweep_settled
 
 
 def evidence(**frames) -> Evidence:
@@ -293,6 +294,29 @@ def test_a_sweep_is_finished_when_its_latest_invocation_ended_and_every_run_is_f
     assert sweep_finished(tmp_path, done)
     log.write_text(json.dumps({"at": "2026-11-30T10:00:00+00:00", "event": "start"}) + "\n")
     assert not sweep_finished(tmp_path, done)
+
+
+def test_a_sweep_narrowed_on_the_command_line_has_not_run_the_presets_grid(tmp_path):
+    """text_final ran `depth=18,6` of its preset's 50,18,6 (18 of 27 jobs): every run final and the invocation
+    ended, yet the preset's grid (multirun.yaml's hydra.sweeper.params) is not done, so its claims wait."""
+    (tmp_path / "sweeps.jsonl").write_text("\n".join(json.dumps({"at": "2026-11-30T10:00:00+00:00", "event": e, "id": "a"})
+                                                     for e in ("start", "end")) + "\n")
+    def multirun(target, **params):
+        (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"sweeper": {"_target_": target,
+                                                                                       "params": params}}}))
+    checked = "hydra_plugins.deepnorm_exp_frontier.checked_sweeper.CheckedSweeper"
+    multirun(checked, depth="50,18,6", norm="post,pre,deepnorm", seed="1,2,3")
+    assert grid_size(tmp_path) == 27
+    assert not sweep_finished(tmp_path, pd.DataFrame({"status": ["completed"] * 18}))
+    # ... though settled: the tuned rates of the depths it ran are written from it (text_lr at 18 and 6)
+    assert sweep_settled(tmp_path, pd.DataFrame({"status": ["completed"] * 18}))
+    assert sweep_finished(tmp_path, pd.DataFrame({"status": ["completed"] * 27}))
+    multirun(checked, depth="range(6,50,6)", norm="post")  # not a plain list: the grid is not read
+    assert grid_size(tmp_path) is None and sweep_finished(tmp_path, pd.DataFrame({"status": ["completed"]}))
+    multirun("hydra_plugins.deepnorm_exp_frontier.frontier_sweeper.FrontierSweeper", depth="100,6", norm="post")
+    assert grid_size(tmp_path) is None  # the frontier's bisection runs as many probes as it needs
+    (tmp_path / "multirun.yaml").write_text("- not: [a sweep")
+    assert grid_size(tmp_path) is None  # a damaged record decides nothing here (the pack refuses it)
 
 
 def test_a_claim_is_withheld_while_its_sweep_runs_as_its_sweep_log_says(tmp_path):

@@ -10,7 +10,7 @@ import pandas as pd
 from .frontier_law import fit_frontier_law
 from .published import Published, load as load_published
 from .runs import at_one_lr, load_frontier, load_layer_records, load_runs, load_scalars
-from .timing import sweep_finished
+from .timing import grid_size, sweep_finished, sweep_settled
 from ..lifecycle.summary import load_summaries
 
 
@@ -73,12 +73,18 @@ class Evidence:
         return self._get("frontier_law", study, lambda: fit_frontier_law(self.frontier(study)))
 
     def so_far(self, study: str) -> str:
-        """"N runs so far": what an unfinished sweep has recorded."""
-        n = len(self.runs(study))
-        return f"{n} run{'' if n == 1 else 's'} so far"
+        """"N of M runs so far": what an unfinished sweep has recorded, of the preset's grid where it is known."""
+        n, grid = len(self.runs(study)), grid_size(self.study_dir(study))
+        return f"{n}{f' of {grid}' if grid else ''} run{'' if (grid or n) == 1 else 's'} so far"
+
+    def settled(self, study: str) -> bool:
+        """Nothing of it is running or was left stopped, though a sweep may have run part of the preset's grid
+        (`timing.sweep_settled`)."""
+        return self._get("settled", study, lambda: sweep_settled(self.study_dir(study), self.runs(study)))
 
     def finished(self, study: str) -> bool:
-        """Its sweep's latest invocation ended and every run is final (`timing.sweep_finished`)."""
+        """Its sweep's latest invocation ended, every run is final and the preset's grid is done
+        (`timing.sweep_finished`)."""
         return self._get("finished", study, lambda: sweep_finished(self.study_dir(study), self.runs(study)))
 
 

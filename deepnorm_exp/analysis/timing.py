@@ -10,6 +10,7 @@ counted there. Worker time is the sum of the runs' `wall_s` (which spans a run's
 from __future__ import annotations
 
 import datetime
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -78,12 +79,33 @@ def _union_seconds(intervals: list[tuple[datetime.datetime, datetime.datetime]])
     return total
 
 
-def sweep_finished(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
-    """The experiment's runs are the whole of what it was asked, not a sweep in progress or one that was
-    stopped: every run is final (completed, diverged, or failed: a failure stays one when re-run) and the
-    latest sweep invocation wrote its end line. Runs made without -m (no sweep log) are whole when final.
-    Not seen: a sweep still running while a later one into the same directory has ended (its unfinished runs
-    have no summary yet)."""
+CHECKED_GRID = "CheckedSweeper"  # the basic sweeper's grid behind the pre-flight (the frontier's bisection is not one)
+
+
+def grid_size(experiment_dir: str | Path) -> Optional[int]:
+    """How many jobs the preset's grid holds, from the sweep's multirun.yaml: hydra.sweeper.params as the
+    preset set them (a command line that narrows an axis, `depth=18,6`, leaves them and changes only
+    hydra.overrides). None where the sweeper is not the checked grid, an axis is not a plain comma list
+    (range(), choice()), or the record is missing or damaged (the pack refuses a damaged one)."""
+    path = Path(experiment_dir) / StudyDir.MULTIRUN
+    try:
+        sweeper = records.read_yaml(path)["hydra"]["sweeper"] if path.exists() else None
+    except (ValueError, OSError, KeyError, TypeError):
+        return None
+    if not isinstance(sweeper, dict) or not str(sweeper.get("_target_", "")).endswith(CHECKED_GRID):
+        return None
+    axes = [str(values) for values in (sweeper.get("params") or {}).values()]
+    if any("(" in values for values in axes):
+        return None
+    return math.prod(len(values.split(",")) for values in axes)
+
+
+def sweep_settled(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
+    """Nothing of the experiment is running or was left stopped: every run is final (completed, diverged, or
+    failed: a failure stays one when re-run) and the latest sweep invocation wrote its end line; an invocation
+    may have narrowed the preset's grid (`sweep_finished` asks for the whole grid). Runs made without -m (no
+    sweep log) are settled when final. Not seen: a sweep still running while a later one into the same
+    directory has ended (its unfinished runs have no summary yet)."""
     if runs.empty or not runs["status"].isin(FINAL_OR_FAILED).all():
         return False
     log = [line for line in records.read_jsonl(Path(experiment_dir) / StudyDir.SWEEP_LOG) if "event" in line]
@@ -94,6 +116,14 @@ def sweep_finished(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
     after = log[log.index(last) + 1:]
     # lines written before invocations had ids pair by position: None == None
     return any(line["event"] == "end" and line.get("id") == last.get("id") for line in after)
+
+
+def sweep_finished(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
+    """The experiment's runs are the whole of what it was asked: settled (`sweep_settled`), and as many as the
+    preset's grid holds (`grid_size`, where it can be read), so a sweep narrowed on the command line
+    (`depth=18,6`) has not finished its preset."""
+    grid = grid_size(experiment_dir)
+    return sweep_settled(experiment_dir, runs) and (grid is None or len(runs) >= grid)
 
 
 def preset_time(experiment_dir: str | Path, runs: pd.DataFrame) -> PresetTime:
