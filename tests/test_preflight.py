@@ -250,14 +250,15 @@ def test_the_memory_estimate_holds_every_schemes_activations_within_a_factor_of_
     from deepnorm_exp.schemes import SCHEMES
     from deepnorm_exp.train.memory import estimate
 
-    for norm in SCHEMES.names():
-        cfg = deepnorm_exp.compose([f"norm={norm}", f"model.ffn={ffn}", "train.precision=fp32", "train.batch_size=2",
-                                    "train.seq_len=16", "depth=2"])
+    streams = [["norm.streams=1"], ["norm.streams=8"], ["norm.dynamic=false"]]  # its estimate grows with n
+    for norm, extra in [(name, []) for name in SCHEMES.names()] + [("hyper_connections", e) for e in streams]:
+        cfg = deepnorm_exp.compose([f"norm={norm}", *extra, f"model.ffn={ffn}", "train.precision=fp32",
+                                    "train.batch_size=2", "train.seq_len=16", "depth=2"])
         measured = _saved_floats_per_token(cfg, 4) - _saved_floats_per_token(cfg, 2)
         estimates = [estimate(cfg, make_scheme(cfg), {**model_depths(cfg), "decoder": depth}, 16, False).activation_bytes
                      for depth in (2, 4)]
         estimated = (estimates[1] - estimates[0]) / (2 * 16 * 4)
-        assert measured <= estimated <= 2 * measured, (norm, measured / 64, estimated / 64)
+        assert measured <= estimated <= 2 * measured, (norm, extra, measured / 64, estimated / 64)
 
 
 # -- hostile input (issue 23): the batch's layout, from the world size the launch will have ------------------

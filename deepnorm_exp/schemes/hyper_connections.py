@@ -117,6 +117,14 @@ class HyperConnections(PreNorm):
     def state_width(self) -> int:
         return self.cfg.streams
 
+    @property
+    def activation_factor(self) -> float:
+        """Each connection saves its streams, their norm and the mixed rows for the backward: measured per layer
+        (autograd's saved floats, d 64, tests/test_preflight.py) Pre-LN 16.1 d, with 1 / 2 / 4 / 8 dynamic
+        streams 22.4 / 26.8 / 35.9 / 55.6 d (GELU; SwiGLU 8 d more each), static 4 streams 26.1 d: about
+        2.3 n d more per sublayer dynamic, half that static, what these factors on the estimate cover."""
+        return 1.0 + (0.2 if self.cfg.dynamic else 0.1) * self.cfg.streams
+
     def stream_in(self, d_model: int, stack: str) -> nn.Module:
         return StreamsEntry(self.cfg.streams)
 
