@@ -3,34 +3,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pandas as pd
 
-from .. import records
 from . import plots
 from .escape import md_text
 from .frontier_law import bracket_table, brackets_so_far
 from .page import Page, Study, diagnoses, markdown_table
-from .timing import preset_time
-from ..rundir import StudyDir
+from .timing import preset_time, sweeper_setting
 
 if TYPE_CHECKING:
     from .evidence import Evidence
-
-
-def sweeper_setting(study: Path, key: str, default):
-    """A setting of the sweeper that ran `study`, from the multirun.yaml Hydra leaves in the sweep directory
-    (read as plain YAML: a record is never interpolated)."""
-    path = study / StudyDir.MULTIRUN
-    if not path.exists():
-        return default
-    node = records.read_yaml(path)
-    for part in ("hydra", "sweeper", key):
-        node = node.get(part, default) if isinstance(node, dict) else default
-    return node
 
 
 def frontier_section(page: Page, evidence: Evidence, name: str) -> None:

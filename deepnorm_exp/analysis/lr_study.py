@@ -208,9 +208,10 @@ def lr_block(evidence: Evidence, name: str) -> Optional[str]:
 def write_tuned_rates(evidence: Evidence, name: str, conf: Path) -> Optional[Path]:
     """conf/tuned_lr/<name>.yaml from a settled study's records, for the cells it has run (a sweep narrowed to
     some depths gives those depths; at a depth it lacks, a study that reads the rate refuses in one line).
-    Generated into conf/ because that is the one place the rates live as a fact of the studies that run at them: Hydra composes them there (`${tuned_lr:}`),
-    and a study already run keeps the rates it ran at until `make results` rewrites them and the diff is
-    committed (a preset that read the records instead would change under runs already made)."""
+    Generated into conf/ because that is the one place the rates live as a fact of the studies that run at
+    them: Hydra composes them there (`${tuned_lr:}`), and a study already run keeps the rates it ran at until
+    `make results` rewrites them and the diff is committed (a preset that read the records instead would change
+    under runs already made)."""
     if not evidence.settled(name):
         return None
     path = conf / "tuned_lr" / f"{name}.yaml"

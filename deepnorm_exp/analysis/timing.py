@@ -82,19 +82,30 @@ def _union_seconds(intervals: list[tuple[datetime.datetime, datetime.datetime]])
 CHECKED_GRID = "CheckedSweeper"  # the basic sweeper's grid behind the pre-flight (the frontier's bisection is not one)
 
 
+def sweeper_setting(study: Path, key: str, default):
+    """A setting of the sweeper that ran `study`, from the multirun.yaml Hydra leaves in the sweep directory
+    (read as plain YAML: a record is never interpolated)."""
+    path = study / StudyDir.MULTIRUN
+    if not path.exists():
+        return default
+    node = records.read_yaml(path)
+    for part in ("hydra", "sweeper", key):
+        node = node.get(part, default) if isinstance(node, dict) else default
+    return node
+
+
 def grid_size(experiment_dir: str | Path) -> Optional[int]:
     """How many jobs the preset's grid holds, from the sweep's multirun.yaml: hydra.sweeper.params as the
     preset set them (a command line that narrows an axis, `depth=18,6`, leaves them and changes only
     hydra.overrides). None where the sweeper is not the checked grid, an axis is not a plain comma list
     (range(), choice()), or the record is missing or damaged (the pack refuses a damaged one)."""
-    path = Path(experiment_dir) / StudyDir.MULTIRUN
     try:
-        sweeper = records.read_yaml(path)["hydra"]["sweeper"] if path.exists() else None
-    except (ValueError, OSError, KeyError, TypeError):
+        target, params = (sweeper_setting(Path(experiment_dir), key, None) for key in ("_target_", "params"))
+    except (ValueError, OSError):
         return None
-    if not isinstance(sweeper, dict) or not str(sweeper.get("_target_", "")).endswith(CHECKED_GRID):
+    if not str(target).endswith(CHECKED_GRID) or not isinstance(params, dict):
         return None
-    axes = [str(values) for values in (sweeper.get("params") or {}).values()]
+    axes = [str(values) for values in params.values()]
     if any("(" in values for values in axes):
         return None
     return math.prod(len(values.split(",")) for values in axes)

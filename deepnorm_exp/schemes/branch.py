@@ -10,8 +10,8 @@ from torch import nn
 class BranchScaledResidual(nn.Module):
     """x + scale * G(norm(x)). `learnable`: scale is a trained scalar (SkipInit), of shape (1,) since FSDP2's
     fully_shard refuses a 0-d parameter; else a constant, kept as a Python float so that it multiplies at the
-    model's precision (an fp32 buffer would round it before an fp64 model sees it). A `scale` that is already a parameter is used as it is: blocks given the same one share it
-    (ReZero's one scalar per layer)."""
+    model's precision (an fp32 buffer would round it before an fp64 model sees it). A `scale` that is already
+    a parameter is used as it is: blocks given the same one share it (ReZero's one scalar per layer)."""
 
     def __init__(self, sublayer: nn.Module, norm: nn.Module, scale: float | nn.Parameter, learnable: bool):
         super().__init__()

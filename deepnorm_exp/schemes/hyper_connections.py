@@ -42,6 +42,11 @@ class HyperConnectionsConfig(NormedConfig):
     dynamic: bool = True  # DHC: weights that depend on the streams; false: SHC, static weights only
 
 
+def streams_sum(state: torch.Tensor, streams: int) -> torch.Tensor:
+    """(..., n d) -> (..., d): what the stack's exit normalises and per-block measures read."""
+    return state.unflatten(-1, (streams, -1)).sum(-2)
+
+
 class StreamsEntry(nn.Module):
     """e -> n copies of e, side by side on the last dimension."""
 
@@ -61,7 +66,7 @@ class StreamsExit(nn.Module):
         self.streams, self.norm = streams, norm
 
     def forward(self, state: torch.Tensor) -> torch.Tensor:
-        return self.norm(state.unflatten(-1, (self.streams, -1)).sum(-2))
+        return self.norm(streams_sum(state, self.streams))
 
 
 class HyperConnection(nn.Module):
@@ -105,7 +110,7 @@ class HyperConnection(nn.Module):
 
     def hidden_state(self, state: torch.Tensor) -> torch.Tensor:
         """What per-block measures read: the streams' sum, what the stack's exit would normalise."""
-        return state.unflatten(-1, (self.streams, -1)).sum(-2)
+        return streams_sum(state, self.streams)
 
 
 @register("hyper_connections")
