@@ -28,6 +28,18 @@ def connections(model) -> list[HyperConnection]:
     return [m for m in model.modules() if isinstance(m, HyperConnection)]
 
 
+def every_connection(build, kind):
+    """((model, stack), k, connection) for every connection of a decoder's and an encoder-decoder's stacks at
+    depth 3 (3 connections a layer), k its place in its stack, bottom to top."""
+    for model, per_layer in (("decoder", {"blocks": 2}), ("encdec", {"encoder": 2, "decoder": 3})):
+        built = build(f"model={model}", "depth=3")
+        for stack, count in per_layer.items():
+            found = [m for m in getattr(built, stack).modules() if isinstance(m, kind)]
+            assert len(found) == 3 * count
+            for k, connection in enumerate(found):
+                yield (model, stack), k, connection
+
+
 def build(*overrides, dtype=torch.float64):
     cfg = deepnorm_exp.compose(["norm=hyper_connections", "depth=2", *WIDE, *overrides])
     torch.manual_seed(0)
@@ -120,19 +132,14 @@ def test_every_hyper_connection_starts_as_the_packages_with_the_same_layer_index
     """Layer k of a stack reads stream k mod n (over the stack's sublayers, attention and FFN each one),
     A_r = I, B = 1, dynamic maps 0, scales 0.01: the package's init for layer_index k, in the decoder and in
     both stacks of the encoder-decoder (its decoder's three sublayers a layer)."""
-    for model, per_layer in (("decoder", {"blocks": 2}), ("encdec", {"encoder": 2, "decoder": 3})):
-        built = build(f"model={model}", "depth=3")
-        for stack, count in per_layer.items():
-            stack_connections = connections(getattr(built, stack))
-            assert len(stack_connections) == 3 * count
-            for k, ours in enumerate(stack_connections):
-                package = PackageHyperConnections(STREAMS, dim=64, layer_index=k).to(torch.float64)
-                assert torch.equal(ours.static_alpha, package.static_alpha), (model, stack, k)
-                assert torch.equal(ours.static_beta, package.static_beta)
-                assert not ours.dynamic_alpha_fn.any() and not ours.dynamic_beta_fn.any()
-                for scale in ("dynamic_alpha_scale", "dynamic_beta_scale"):  # 0.01, as fp32 then widened
-                    assert torch.equal(getattr(ours, scale), getattr(package, scale).reshape(1)), scale
-                    assert getattr(ours, scale).item() == pytest.approx(DYNAMIC_SCALE)
+    for where, k, ours in every_connection(build, HyperConnection):
+        package = PackageHyperConnections(STREAMS, dim=64, layer_index=k).to(torch.float64)
+        assert torch.equal(ours.static_alpha, package.static_alpha), where
+        assert torch.equal(ours.static_beta, package.static_beta)
+        assert not ours.dynamic_alpha_fn.any() and not ours.dynamic_beta_fn.any()
+        for scale in ("dynamic_alpha_scale", "dynamic_beta_scale"):  # 0.01, as fp32 then widened
+            assert torch.equal(getattr(ours, scale), getattr(package, scale).reshape(1)), scale
+            assert getattr(ours, scale).item() == pytest.approx(DYNAMIC_SCALE)
 
 
 def test_one_stream_is_pre_ln_and_static_connections_ignore_the_streams_values():

@@ -511,12 +511,13 @@ def test_resi_dual_measures_read_what_the_head_would_see():
 
 
 # -- Hyper-Connections -----------------------------------------------------------------------------------
-def test_hyper_connections_carry_n_streams_and_measures_read_their_sum():
+@pytest.mark.parametrize("norm", ["hyper_connections", "mhc"])
+def test_hyper_connections_carry_n_streams_and_measures_read_their_sum(norm):
     from deepnorm_exp.metrics.blocks import BlockIndex
     from deepnorm_exp.metrics.probe import Probe
     from deepnorm_exp.metrics.representation import RepresentationStats, token_cosine
 
-    model, scheme = build("hyper_connections", 2, *WIDE, "norm.streams=3")
+    model, scheme = build(norm, 2, *WIDE, "norm.streams=3")
     assert scheme.state_width == 3  # the pre-flight's memory estimate counts 3 streams
     tokens = torch.randint(3, 256, (2, 9))
     values = RepresentationStats(BlockIndex.of(model), Probe({"tokens": tokens}, 2, torch.device("cpu")), 1).measure(model)
@@ -529,7 +530,7 @@ def test_hyper_connections_carry_n_streams_and_measures_read_their_sum():
     assert values["token_cosine"][-1] == pytest.approx(token_cosine(streams.sum(-2)), rel=1e-5)
     assert torch.allclose(model.final_norm(state), model.final_norm.norm(streams.sum(-2)))
     with pytest.raises(deepnorm_exp.errors.ConfigError) as err:
-        build("hyper_connections", 2, "norm.streams=0")
+        build(norm, 2, "norm.streams=0")
     assert err.value.key == "norm.streams"
 
 

@@ -81,6 +81,8 @@ class NormScheme:
     # activations, as a factor, and the residual state's width in d_model (ResiDual carries two streams)
     activation_factor = 1.0
     state_width = 1
+    # and what each residual block's own operations save per position whatever d_model is (mHC's Sinkhorn rounds)
+    block_floats = 0
 
     def __init__(self, cfg: SchemeConfig, depths: Mapping[str, int], eps: float):
         self.cfg = cfg

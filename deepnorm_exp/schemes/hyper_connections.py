@@ -69,7 +69,17 @@ class StreamsExit(nn.Module):
         return self.norm(streams_sum(state, self.streams))
 
 
-class HyperConnection(nn.Module):
+class StreamsConnection(nn.Module):
+    """A sublayer's connection over n packed streams (`streams`), read by per-block measures as their sum."""
+
+    streams: int
+
+    def hidden_state(self, state: torch.Tensor) -> torch.Tensor:
+        """What per-block measures read: the streams' sum, what the stack's exit would normalise."""
+        return streams_sum(state, self.streams)
+
+
+class HyperConnection(StreamsConnection):
     """One sublayer's hyper-connection: (..., n d) -> (..., n d). `static_alpha` is [A_m | A_r] (n x (1 + n)),
     `static_beta` is B; the dynamic maps read the normed streams (zero at init)."""
 
@@ -107,10 +117,6 @@ class HyperConnection(nn.Module):
         mixed = torch.einsum("...sk,...sd->...kd", alpha, streams)  # row 0: A_m^T H; rows 1..n: A_r^T H
         out = self.sublayer(self.norm(mixed[..., 0, :]), *args, **kwargs)
         return (mixed[..., 1:, :] + beta.unsqueeze(-1) * out.unsqueeze(-2)).flatten(-2)
-
-    def hidden_state(self, state: torch.Tensor) -> torch.Tensor:
-        """What per-block measures read: the streams' sum, what the stack's exit would normalise."""
-        return streams_sum(state, self.streams)
 
 
 @register("hyper_connections")

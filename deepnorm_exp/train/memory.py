@@ -12,7 +12,7 @@ stack's depth. Training memory is an estimate, printed at the start of every run
   block and 3 d_model + 3 d_ff for a feed-forward block (the saved inputs of LayerNorm, projections and
   GELU; scaled_dot_product_attention keeps no seq x seq matrix; `model.ffn=swiglu`: 3 d_model + 5 d_ff),
   times the scheme's `activation_factor` (what its own operations save: nGPT's normalisations,
-  sigma-Reparam's spectral norms), halved under bf16 autocast, and with activation checkpointing only each
+  sigma-Reparam's spectral norms) plus its `block_floats` a block (mHC's Sinkhorn rounds), halved under bf16 autocast, and with activation checkpointing only each
   layer's residual state (`state_width` d_model wide: ResiDual's two streams) plus one layer's activations;
   plus the logits. tests/test_preflight.py holds every scheme's estimate against the floats autograd saves;
 * the data, in host memory: what the data source says its config takes (its `host_bytes`: the synthetic
@@ -158,8 +158,8 @@ def estimate(cfg: DictConfig, scheme, depths: dict[str, int], positions: int, we
     tokens = cfg.train.batch_size * positions
     float_bytes = 2 if (cfg.train.precision in ("bf16", "fp16") or (cfg.train.precision == "auto" and cfg.device != "cpu"
                                                           and torch.cuda.is_available())) else 4
-    per_layer_floats = {stack: scheme.activation_factor * sum(ACTIVATION_FLOATS[kind](d, f, cfg.model.ffn)
-                                                              for kind in kinds)
+    per_layer_floats = {stack: sum(scheme.activation_factor * ACTIVATION_FLOATS[kind](d, f, cfg.model.ffn)
+                                   + scheme.block_floats for kind in kinds)
                         for stack, kinds in model_shape.blocks.items()}
     if cfg.model.activation_checkpointing:
         kept = sum(scheme.state_width * d * depths[stack] for stack in per_layer_floats) + max(per_layer_floats.values())
