@@ -367,6 +367,77 @@ def test_representation_stats_of_a_model_whose_activations_overflow_are_nan_not_
     assert np.isnan(stats["attn_logit_max"][2])  # the second layer's attention reads the overflowed stream
 
 
+def _numpy_sinkhorn(logits: np.ndarray, rounds: int) -> np.ndarray:
+    m = np.exp(logits)
+    for _ in range(rounds):
+        m = m / m.sum(axis=0, keepdims=True)  # columns
+        m = m / m.sum(axis=1, keepdims=True)  # then rows
+    return m
+
+
+@pytest.mark.parametrize("norm", ["hyper_connections", "mhc"])
+def test_stream_mixing_matches_numpy_on_static_mixings_drawn_away(norm):
+    """Static connections (norm.dynamic=false: H_res the same at every position), their weights drawn off
+    the init: each block's H_res rebuilt from its parameters with numpy (HC: A_r transposed; mHC: Sinkhorn
+    of exp(b_res), columns then rows), its spectral norm by SVD, its distance from doubly stochastic by
+    definition, and the gains of the running product within each stack (encoder, then decoder afresh)."""
+    from deepnorm_exp.metrics.stream_mixing import StreamMixing
+
+    model = tiny(f"norm={norm}", "norm.dynamic=false", "model=encdec", "depth=2", "norm.streams=3").double().eval()
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() <= 2 and p.shape[-1] in (3 + 1, 3 + 3 + 9):  # HC's [A_m | A_r], mHC's [b_pre | b_post | b_res]
+                p.add_(0.4 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    index = BlockIndex.of(model)
+    batch = {"src": lm_batch(n=2, seq=7)["tokens"], "tgt": lm_batch(n=2, seq=9, seed=2)["tokens"]}
+    stats = StreamMixing(index, Probe(batch, 2, CPU), every=1).measure(model)
+    products = {}
+    for position, (block, stack) in enumerate(zip(index.blocks, index.stacks)):
+        if norm == "mhc":
+            h = _numpy_sinkhorn(block.bias.detach().numpy()[6:].reshape(3, 3), 20)
+        else:
+            h = block.static_alpha.detach().numpy()[:, 1:].T
+        products[stack] = h @ products[stack] if stack in products else h
+        product = products[stack]
+        distance = max(np.abs(h.sum(1) - 1).max(), np.abs(h.sum(0) - 1).max(), max(0.0, -h.min()))
+        expected = {"mix_spectral_norm": np.linalg.svd(h, compute_uv=False)[0], "mix_ds_distance": distance,
+                    "mix_gain_forward": np.abs(product).sum(1).max(), "mix_gain_backward": np.abs(product).sum(0).max()}
+        for name, value in expected.items():
+            assert stats[name][position] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, position)
+    if norm == "hyper_connections":  # drawn away, A_r is far from doubly stochastic and its product grows
+        assert stats["mix_ds_distance"].min() > 0.1 and stats["mix_gain_forward"][-1] > 1.5
+    else:  # Sinkhorn: every H_res doubly stochastic to its rounds, so no product can grow
+        assert stats["mix_ds_distance"].max() < 1e-6 and stats["mix_gain_forward"].max() < 1 + 1e-6
+
+
+def test_stream_mixing_is_installed_only_for_multi_stream_schemes_and_dynamic_mixing_is_read_per_position():
+    """A single-stream scheme records no mix columns; HC's dynamic H_res at init is I at every position
+    (gains 1); mHC's dynamic one after weights drawn away differs by position, and the largest over the
+    probe's positions is what is recorded."""
+    from deepnorm_exp.metrics import Context, SharedConfig, parse_metrics
+    from deepnorm_exp.metrics.stream_mixing import StreamMixing, build
+
+    cfg = parse_metrics(deepnorm_exp.compose([])["metrics"])
+    batch = lm_batch(n=2, seq=9)
+    assert build(cfg, Context(cfg, 1, tiny("norm=pre", "depth=2"), batch, CPU)) is None
+    model = tiny("norm=hyper_connections", "depth=2").eval()
+    stats = StreamMixing(BlockIndex.of(model), Probe(batch, 2, CPU), every=1).measure(model)
+    assert all(np.allclose(stats[name], 1.0) for name in ("mix_spectral_norm", "mix_gain_forward", "mix_gain_backward"))
+    assert np.allclose(stats["mix_ds_distance"], 0.0)
+    model = tiny("norm=mhc", "depth=2").eval()
+    block = BlockIndex.of(model).blocks[1]
+    with torch.no_grad():
+        block.mapping.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+        block.gates.fill_(1.0)
+    captured = {}
+    block.register_forward_pre_hook(lambda module, args: captured.setdefault("state", args[0].detach()))
+    stats = StreamMixing(BlockIndex.of(model), Probe(batch, 2, CPU), every=1).measure(model)
+    with torch.no_grad():
+        per_position = torch.linalg.matrix_norm(block.stream_mixing(captured["state"].unflatten(-1, (4, -1))).double(), ord=2)
+    assert per_position.std() > 0 and stats["mix_spectral_norm"][1] == pytest.approx(float(per_position.max()), rel=1e-6)
+
+
 def test_token_cosine_reads_collapse_as_one_and_orthogonal_positions_as_zero():
     same = torch.randn(1, 1, 6).expand(3, 5, 6)
     assert token_cosine(same) == pytest.approx(1.0)

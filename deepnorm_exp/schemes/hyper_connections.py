@@ -111,6 +111,10 @@ class HyperConnection(StreamsConnection):
         beta = self.dynamic_beta_scale * torch.tanh(normed @ self.dynamic_beta_fn) + self.static_beta
         return alpha, beta
 
+    def stream_mixing(self, streams: torch.Tensor) -> torch.Tensor:
+        """H_res (..., n, n), row t the weights of the streams that make stream t: A_r^T."""
+        return self.weights(streams)[0][..., 1:].transpose(-1, -2)
+
     def forward(self, state, *args, **kwargs):
         streams = state.unflatten(-1, (self.streams, -1))  # (..., n, d)
         alpha, beta = self.weights(streams)

@@ -86,6 +86,10 @@ class ManifoldConstrainedConnection(StreamsConnection):
         return torch.sigmoid(pre), 2 * torch.sigmoid(post), sinkhorn_knopp(residual.unflatten(-1, (n, n)),
                                                                            self.rounds)
 
+    def stream_mixing(self, streams: torch.Tensor) -> torch.Tensor:
+        """H_res (..., n, n), row t the weights of the streams that make stream t."""
+        return self.mappings(streams)[2]
+
     def forward(self, state, *args, **kwargs):
         streams = state.unflatten(-1, (self.streams, -1))  # (..., n, d)
         pre, post, residual = self.mappings(streams)
