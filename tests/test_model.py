@@ -41,11 +41,14 @@ def test_tied_and_untied_heads():
     assert n_untied - n_tied == 256 * 32
 
 
-def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+@pytest.mark.parametrize("norm", ["deepnorm", "resi_dual", "hyper_connections", "mhc", "value_residual"])
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(norm):
+    """Schemes whose state carries more than the stream (a second stream, n streams, the first layer's values)
+    too: what a recomputed block reads is what it read the first time, and gradients reach every layer."""
     tokens = torch.randint(0, 256, (4, 17))
     grads = []
     for ckpt in ("false", "true"):
-        model = tiny_model("norm=deepnorm", f"model.activation_checkpointing={ckpt}", seed=1).train()
+        model = tiny_model(f"norm={norm}", f"model.activation_checkpointing={ckpt}", seed=1).train()
         loss = model.loss({"tokens": tokens}).loss
         loss.backward()
         grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))

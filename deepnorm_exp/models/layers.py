@@ -109,6 +109,7 @@ class SelfAttention(Attends, nn.Module):
         self.softcap = settings.softcap
         self.q_norm, self.k_norm = qk_norms(settings.qk_norm, d_model // n_heads, settings.eps)
         self.v_norm = nn.Identity()  # per head, on v: a scheme may set one (HybridNorm)
+        self.v_mix = nn.Identity()  # on v (batch, heads, seq, d_head), before v_norm: a scheme may set one (value residual)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.inner_width, self.inner_norm = d_model, nn.Identity()  # before `out`: a scheme may set a norm (Sub-LN)
@@ -129,7 +130,7 @@ class SelfAttention(Attends, nn.Module):
         """`key_mask`: (batch, 1, 1, seq) bool, True where a key may be attended (non-causal use)."""
         batch, seq, d = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = self.attend(self.q_norm(q), self.k_norm(k), self.v_norm(v), key_mask, self.causal)
+        y = self.attend(self.q_norm(q), self.k_norm(k), self.v_norm(self.v_mix(v)), key_mask, self.causal)
         return self.drop(self.out(self.inner_norm(_merge(y))))
 
     def attention_logits(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
