@@ -53,6 +53,17 @@ def test_each_kind_is_produced_on_purpose_and_withheld_in_its_control(tmp_path, 
     assert held["kind"] != kind and kind not in [f["kind"] for f in held["also"]], held
 
 
+def test_hyper_connections_composite_gain_grows_where_mhcs_doubly_stochastic_mixing_holds_it(tmp_path):
+    """The mHC paper's contrast in miniature: at lr 3e-2 without warm-up, HC's product of stream mixings passes
+    10 within 40 steps (measured: 15.6 at step 30; at lr 0.3 about 2e7 by step 10), while mHC's, the same run
+    with Sinkhorn's doubly stochastic H_res, stays at 1."""
+    hc = diagnosed(tmp_path / "hc", *FAST, "train.lr=3e-2", "norm=hyper_connections")
+    assert "stream_gain_growth" in [hc["kind"], *(f["kind"] for f in hc["also"])], hc
+    mhc = diagnosed(tmp_path / "mhc", *FAST, "train.lr=3e-2", "norm=mhc")
+    assert "stream_gain_growth" not in [mhc["kind"], *(f["kind"] for f in mhc["also"])], mhc
+    assert "mix_gain_forward" not in mhc["not_measured"]
+
+
 @pytest.mark.slow
 def test_a_run_that_trains_and_has_stopped_improving_is_trained_and_a_short_one_still_learning(tmp_path):
     trained = diagnosed(tmp_path / "long", *TRAINS)
@@ -188,6 +199,23 @@ def test_the_earliest_finding_wins_and_a_trained_run_keeps_them_as_also():
     same = dg.diagnose(summary(status="diverged", divergence={"step": 50, "reason": "non-finite loss"}),
                        scalars([]), NO_EVENTS, recs)
     assert same["kind"] == "non_finite" and same["also"][0]["kind"] == "attention_logit_growth"
+
+
+def test_stream_gain_growth_reads_the_larger_gain_above_the_bound_and_only_where_streams_are_recorded():
+    """A multi-stream run whose composite gain (forward or backward) passes 10 at some block and step is named
+    there, with both gains; at the bound it is not; a single-stream run (no mix columns) is neither judged by
+    it nor listed as not measured."""
+    def gains(at_step_50):
+        return layers([(s, i, {"mix_gain_forward": f, "mix_gain_backward": b})
+                       for s in (0, 50) for i, (f, b) in enumerate([(1.0, 1.0), (2.0, 3.0)] if s == 0 else at_step_50)])
+
+    found = dg.diagnose(summary(), scalars([]), NO_EVENTS, gains([(4.0, 2.0), (3.0, dg.STREAM_GAIN + 0.5)]))
+    assert found["kind"] == "stream_gain_growth" and found["step"] == 50
+    assert "through decoder layer 1" in found["evidence"] and "backward 10.5" in found["evidence"]
+    held = dg.diagnose(summary(), scalars([]), NO_EVENTS, gains([(dg.STREAM_GAIN, 2.0), (3.0, dg.STREAM_GAIN)]))
+    assert held["kind"] == "stuck_on_plateau" and "mix_gain_forward" not in held["not_measured"]
+    single = dg.diagnose(summary(), scalars([]), NO_EVENTS, layers([(0, 0, {"token_cosine": 0.5})]))
+    assert "mix_gain_forward" not in single["not_measured"]
 
 
 def test_a_quantity_not_recorded_is_named_not_guessed():

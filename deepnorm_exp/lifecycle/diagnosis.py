@@ -35,6 +35,7 @@ VANISHING_SHARE = 0.10
 BELOW_EPS_SHARE = 0.5
 LOGIT_GROWTH = 10.0
 LOG_Z_GROWTH = 2.0
+STREAM_GAIN = 10.0
 CONVERGED_FALL = 0.02
 
 OUTCOMES = ("trained", "still_learning", "stuck_on_plateau")  # kinds that are not findings
@@ -115,18 +116,37 @@ def _vanishing(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layer
     return None
 
 
+def _earliest(rows: pd.DataFrame) -> Optional[pd.Series]:
+    """A per-layer rule's first row that holds, by step then block (None where none does)."""
+    return None if rows.empty else rows.sort_values(["step", "position"]).iloc[0]
+
+
+def _where(row: pd.Series) -> str:
+    return f"{row['stack']} layer {int(row['layer'])} at step {int(row['step'])}"
+
+
 def _logit_growth(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers: pd.DataFrame) -> Optional[dict]:
     measured = layers.dropna(subset=["attn_logit_max"])
     keys = ["stack", "position"]
     initial = measured[measured["step"] == 0].set_index(keys)["attn_logit_max"]
     later = measured[measured["step"] > 0].join(initial.rename("initial"), on=keys).dropna(subset=["initial"])
-    grown = later[later["attn_logit_max"] > LOGIT_GROWTH * later["initial"]].sort_values(["step", "position"])
-    if grown.empty:
+    first = _earliest(later[later["attn_logit_max"] > LOGIT_GROWTH * later["initial"]])
+    if first is None:
         return None
-    first = grown.iloc[0]
     return _finding("attention_logit_growth", first["step"], f"attn_logit_max {first['attn_logit_max']:.4g} in "
-                    f"{first['stack']} layer {int(first['layer'])} at step {int(first['step'])}, "
-                    f"{first['attn_logit_max'] / first['initial']:.1f}x its step-0 {first['initial']:.4g} (> {LOGIT_GROWTH:g}x)")
+                    f"{_where(first)}, {first['attn_logit_max'] / first['initial']:.1f}x its step-0 "
+                    f"{first['initial']:.4g} (> {LOGIT_GROWTH:g}x)")
+
+
+def _stream_gain(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers: pd.DataFrame) -> Optional[dict]:
+    measured = layers.dropna(subset=["mix_gain_forward", "mix_gain_backward"])
+    measured = measured.assign(gain=measured[["mix_gain_forward", "mix_gain_backward"]].max(axis=1))
+    first = _earliest(measured[measured["gain"] > STREAM_GAIN])
+    if first is None:
+        return None
+    return _finding("stream_gain_growth", first["step"], f"composite gain {first['gain']:.4g} through {_where(first)} "
+                    f"(> {STREAM_GAIN:g}; forward {first['mix_gain_forward']:.4g}, backward "
+                    f"{first['mix_gain_backward']:.4g})")
 
 
 def _log_z(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers: pd.DataFrame) -> Optional[dict]:
@@ -159,9 +179,12 @@ FINDINGS: dict[str, tuple[Callable, Optional[str], Optional[str]]] = {
     "collapsed_at_init": (_collapsed, "layers", "token_cosine"),
     "gradient_vanishing": (_vanishing, "layers", "adam_below_eps"),
     "attention_logit_growth": (_logit_growth, "layers", "attn_logit_max"),
+    "stream_gain_growth": (_stream_gain, "layers", "mix_gain_forward"),
     "output_logit_divergence": (_log_z, "scalars", "log_z_abs_max"),
     "loss_spikes": (_spikes, "scalars", "loss_spikes"),
 }
+# read only where recorded: a run without the column (its scheme has one stream) is not named as not measured
+WHERE_RECORDED = ("stream_gain_growth",)
 KINDS = (*DIVERGENCE_KINDS, *(k for k in FINDINGS if k != "divergence"), *OUTCOMES)  # every value of `kind`
 
 # kind -> its rule, as the manual shows it (a threshold's number comes from its constant above)
@@ -180,6 +203,12 @@ RULES = {
                           "as below; about 1% of a block",
     "attention_logit_growth": f"a layer's `attn_logit_max` above {LOGIT_GROWTH:g}x its own value at step 0: a softmax "
                               f"{LOGIT_GROWTH:g}x sharper than the initialisation's (Dehghani et al. 2023)",
+    "stream_gain_growth": f"a multi-stream scheme's composite gain (the larger of `mix_gain_forward` and "
+                          f"`mix_gain_backward`, the product of the stream mixings H_res through a stack) above "
+                          f"{STREAM_GAIN:g}: a signal through the streams alone could grow {STREAM_GAIN:g}-fold (the "
+                          "mHC paper saw HC's reach about 3,000 before its loss spikes; a doubly stochastic H_res holds "
+                          "1). Runs without the columns (one stream, or `metrics.stream_mixing=false`) are not judged "
+                          "by it and not listed as not measured",
     "output_logit_divergence": f"`log_z_abs_max` above {LOG_Z_GROWTH:g}x its first recorded value. At initialisation "
                                "log Z is about log V (near-uniform logits); doubling it moves the logits' common level by "
                                "that much again, which the loss does not see (Wortsman et al. 2023)",
@@ -207,9 +236,10 @@ def diagnose(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers:
         return None
     tables = {"scalars": scalars, "layers": layers}
     findings, not_measured = [], []
-    for rule, table, column in FINDINGS.values():
+    for kind, (rule, table, column) in FINDINGS.items():
         if table is not None and (column not in tables[table] or not tables[table][column].notna().any()):
-            not_measured.append(column)
+            if kind not in WHERE_RECORDED:
+                not_measured.append(column)
         elif (found := rule(summary, scalars, events, layers)) is not None:
             findings.append(found)
     order = list(FINDINGS)
