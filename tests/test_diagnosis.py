@@ -218,6 +218,20 @@ def test_stream_gain_growth_reads_the_larger_gain_above_the_bound_and_only_where
     assert "mix_gain_forward" not in single["not_measured"]
 
 
+@pytest.mark.parametrize("rows, flagged", [
+    ([{"mix_gain_forward": 50.0}], True),  # one column of the two (a hand-edited record): read, not a crash
+    ([{"mix_gain_forward": math.nan, "mix_gain_backward": 50.0}], True),  # the other gain still counts
+    ([{"mix_gain_forward": math.inf, "mix_gain_backward": math.nan}], True),  # a blow-up recorded as inf
+    ([{"mix_gain_forward": "50", "mix_gain_backward": "x"}], True),  # text where a number belongs: coerced
+    ([{"mix_gain_forward": math.nan, "mix_gain_backward": math.nan}], False),  # recorded, never measured
+])
+def test_stream_gain_reads_hostile_or_partial_records_without_losing_the_diagnosis(rows, flagged):
+    found = dg.diagnose(summary(), scalars([]), NO_EVENTS, layers([(50, 0, row) for row in rows]))
+    kinds = [found["kind"], *(f["kind"] for f in found["also"])]
+    assert ("stream_gain_growth" in kinds) == flagged, found
+    assert ("mix_gain_forward" in found["not_measured"]) == (not flagged), found
+
+
 def test_a_quantity_not_recorded_is_named_not_guessed():
     found = dg.diagnose(summary(), scalars([{"step": 10, "loss": 3.0}]), NO_EVENTS, layers([]))
     assert set(found["not_measured"]) == {"token_cosine", "adam_below_eps", "attn_logit_max", "log_z_abs_max",

@@ -411,6 +411,36 @@ def test_stream_mixing_matches_numpy_on_static_mixings_drawn_away(norm):
         assert stats["mix_ds_distance"].max() < 1e-6 and stats["mix_gain_forward"].max() < 1 + 1e-6
 
 
+def test_stream_mixing_records_a_blow_up_as_inf_and_reads_dynamic_products_per_position():
+    """Per position, the composite product of two dynamic mHC blocks' H_res and its gains recomputed with
+    numpy from the mixings captured at each block; a position whose H_res is infinite makes the gain inf,
+    not NaN (the rule reading it would stay silent on NaN); `largest` leaves NaN positions out."""
+    from deepnorm_exp.metrics.stream_mixing import StreamMixing, largest
+
+    model = tiny("norm=mhc", "depth=2").eval()
+    index = BlockIndex.of(model)
+    with torch.no_grad():
+        for block in index.blocks:
+            block.mapping.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+            block.gates.fill_(1.0)
+    captured = []
+    for block in index.blocks:
+        block.register_forward_pre_hook(lambda module, args: captured.append(
+            module.stream_mixing(args[0].detach().unflatten(-1, (4, -1))).double().numpy()))
+    stats = StreamMixing(index, Probe(lm_batch(n=2, seq=9), 2, CPU), every=1).measure(model)
+    mixings = captured[-len(index.blocks):]  # the instrument's own forward
+    product = np.einsum("btij,btjk->btik", mixings[1], mixings[0])
+    assert stats["mix_gain_forward"][1] == pytest.approx(np.abs(product).sum(-1).max(), rel=1e-6)
+    assert stats["mix_gain_backward"][1] == pytest.approx(np.abs(product).sum(-2).max(), rel=1e-6)
+    assert largest(torch.tensor([1.0, math.nan, 3.0])) == 3.0 and math.isnan(largest(torch.tensor([math.nan])))
+    assert largest(torch.tensor([1.0, math.inf])) == math.inf
+    hc = tiny("norm=hyper_connections", "norm.dynamic=false", "depth=2").eval()
+    with torch.no_grad():
+        BlockIndex.of(hc).blocks[0].static_alpha[0, 1] = math.inf
+    blown = StreamMixing(BlockIndex.of(hc), Probe(lm_batch(n=2, seq=9), 2, CPU), every=1).measure(hc)
+    assert blown["mix_gain_forward"][0] == math.inf and math.isnan(blown["mix_spectral_norm"][0])
+
+
 def test_stream_mixing_is_installed_only_for_multi_stream_schemes_and_dynamic_mixing_is_read_per_position():
     """A single-stream scheme records no mix columns; HC's dynamic H_res at init is I at every position
     (gains 1); mHC's dynamic one after weights drawn away differs by position, and the largest over the

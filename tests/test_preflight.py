@@ -241,6 +241,23 @@ def _saved_floats_per_token(cfg, depth: int) -> float:
     return sum(seen.values()) / 32
 
 
+def test_mhcs_sinkhorn_rounds_are_counted_at_four_bytes_under_bf16_too():
+    """Under bf16 autocast the activations are counted at 2 bytes, but mHC's Sinkhorn runs in fp32 (its gates and
+    biases are fp32 and promote the logits): ten more rounds cost the same bytes in bf16 as in fp32."""
+    from deepnorm_exp.build import make_scheme, model_depths
+    from deepnorm_exp.train.memory import estimate
+
+    def rounds_cost(precision):
+        costs = []
+        for rounds in (10, 20):
+            cfg = deepnorm_exp.compose(["norm=mhc", f"norm.sinkhorn_rounds={rounds}", f"train.precision={precision}",
+                                        "depth=2"])
+            costs.append(estimate(cfg, make_scheme(cfg), model_depths(cfg), 16, False).activation_bytes)
+        return costs[1] - costs[0]
+
+    assert rounds_cost("bf16") == rounds_cost("fp32") > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("ffn", ["gelu", "swiglu"])
 def test_the_memory_estimate_holds_every_schemes_activations_within_a_factor_of_two(ffn):

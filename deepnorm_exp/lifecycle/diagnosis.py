@@ -139,14 +139,15 @@ def _logit_growth(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, la
 
 
 def _stream_gain(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers: pd.DataFrame) -> Optional[dict]:
-    measured = layers.dropna(subset=["mix_gain_forward", "mix_gain_backward"])
-    measured = measured.assign(gain=measured[["mix_gain_forward", "mix_gain_backward"]].max(axis=1))
+    columns = [c for c in ("mix_gain_forward", "mix_gain_backward") if c in layers]
+    gains = layers[columns].apply(pd.to_numeric, errors="coerce")  # records are read as untrusted input
+    measured = layers.assign(gain=gains.max(axis=1, skipna=True), **gains)
     first = _earliest(measured[measured["gain"] > STREAM_GAIN])
     if first is None:
         return None
+    both = "; ".join(f"{c.removeprefix('mix_gain_')} {first[c]:.4g}" for c in columns)
     return _finding("stream_gain_growth", first["step"], f"composite gain {first['gain']:.4g} through {_where(first)} "
-                    f"(> {STREAM_GAIN:g}; forward {first['mix_gain_forward']:.4g}, backward "
-                    f"{first['mix_gain_backward']:.4g})")
+                    f"(> {STREAM_GAIN:g}; {both})")
 
 
 def _log_z(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers: pd.DataFrame) -> Optional[dict]:
@@ -183,8 +184,11 @@ FINDINGS: dict[str, tuple[Callable, Optional[str], Optional[str]]] = {
     "output_logit_divergence": (_log_z, "scalars", "log_z_abs_max"),
     "loss_spikes": (_spikes, "scalars", "loss_spikes"),
 }
-# read only where recorded: a run without the column (its scheme has one stream) is not named as not measured
+# read only where recorded: a run without the column (its scheme has one stream) is not named as not measured;
+# a column there but empty is
 WHERE_RECORDED = ("stream_gain_growth",)
+# kind -> every column a rule reads, where it is more than the one FINDINGS names: any of them measured will do
+ALSO_READ = {"stream_gain_growth": ("mix_gain_forward", "mix_gain_backward")}
 KINDS = (*DIVERGENCE_KINDS, *(k for k in FINDINGS if k != "divergence"), *OUTCOMES)  # every value of `kind`
 
 # kind -> its rule, as the manual shows it (a threshold's number comes from its constant above)
@@ -208,7 +212,7 @@ RULES = {
                           f"{STREAM_GAIN:g}: a signal through the streams alone could grow {STREAM_GAIN:g}-fold (the "
                           "mHC paper saw HC's reach about 3,000 before its loss spikes; a doubly stochastic H_res holds "
                           "1). Runs without the columns (one stream, or `metrics.stream_mixing=false`) are not judged "
-                          "by it and not listed as not measured",
+                          "by it and not listed as not measured; columns recorded but empty are listed",
     "output_logit_divergence": f"`log_z_abs_max` above {LOG_Z_GROWTH:g}x its first recorded value. At initialisation "
                                "log Z is about log V (near-uniform logits); doubling it moves the logits' common level by "
                                "that much again, which the loss does not see (Wortsman et al. 2023)",
@@ -237,8 +241,9 @@ def diagnose(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers:
     tables = {"scalars": scalars, "layers": layers}
     findings, not_measured = [], []
     for kind, (rule, table, column) in FINDINGS.items():
-        if table is not None and (column not in tables[table] or not tables[table][column].notna().any()):
-            if kind not in WHERE_RECORDED:
+        read = [c for c in ALSO_READ.get(kind, (column,)) if table is not None and c in tables[table]]
+        if table is not None and not any(tables[table][c].notna().any() for c in read):
+            if kind not in WHERE_RECORDED or read:  # recorded, but never measured
                 not_measured.append(column)
         elif (found := rule(summary, scalars, events, layers)) is not None:
             findings.append(found)

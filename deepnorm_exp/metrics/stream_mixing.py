@@ -37,10 +37,26 @@ def gains(product: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return product.abs().sum(-1).amax(-1), product.abs().sum(-2).amax(-1)
 
 
+def largest(value: torch.Tensor) -> float:
+    """The largest over positions, NaN positions left out (inf kept: a blow-up is recorded as one); NaN only
+    where every position is."""
+    known = value[~value.isnan()]
+    return float(known.amax()) if known.numel() else math.nan
+
+
+def _spectral_norm(mixing: torch.Tensor) -> torch.Tensor:
+    """Per position; NaN where a matrix is not finite (the SVD cannot take it)."""
+    finite = mixing.isfinite().flatten(-2).all(-1)
+    norms = torch.linalg.matrix_norm(torch.where(finite[..., None, None], mixing, 0), ord=2)
+    return torch.where(finite, norms, math.nan)
+
+
 class StreamMixing(PerBlockProbe):
     """Every `every` steps and at step 0, per residual block that mixes streams (a block with `stream_mixing`;
     NaN for the others), on the probe batch, each the largest over the probe's positions (a dynamic H_res
-    differs from token to token; the largest is where a signal could grow):
+    differs from token to token; the largest is where a signal could grow; an infinite one is recorded as inf,
+    NaN only where every position is NaN). The probe runs in full precision, but under FSDP's mixed precision
+    the connection computes H_res in its bf16 (FSDP casts the block's input and parameters first):
 
     * `mix_spectral_norm`: the spectral norm of the block's H_res (at most 1 when doubly stochastic);
     * `mix_ds_distance`: its distance from doubly stochastic (`ds_distance`);
@@ -65,10 +81,9 @@ class StreamMixing(PerBlockProbe):
             product = mixing @ products[stack] if stack in products else mixing
             products[stack] = product
             forward, backward = gains(product)
-            for name, value in (("mix_spectral_norm", torch.linalg.matrix_norm(mixing, ord=2)),
-                                ("mix_ds_distance", ds_distance(mixing)),
+            for name, value in (("mix_spectral_norm", _spectral_norm(mixing)), ("mix_ds_distance", ds_distance(mixing)),
                                 ("mix_gain_forward", forward), ("mix_gain_backward", backward)):
-                values[name][i] = float(value.amax()) if value.isfinite().all() else math.nan
+                values[name][i] = largest(value)
         return hook
 
 

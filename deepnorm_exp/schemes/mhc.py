@@ -16,10 +16,10 @@ The paper gives no init; this is the `hyper-connections` package's (0.4.11, the 
 DeepSeek code is not: theirs is fused kernels): phi = 0, a = 0.01, b_pre = e_(k mod n) for the stack's k-th
 sublayer, b_post = 1, b_res = I. So at step 0 the k-th sublayer reads sigmoid(1) = 0.73 of stream k and 0.5 of
 every other, writes 2 sigmoid(1) = 1.46 of its output to each stream, and H_res = Sinkhorn(exp(I)) already
-mixes the streams (0.475 on the diagonal at n = 4, 0.175 elsewhere). The package differs from the paper's
-Eq. 7 in one place, kept as the paper: it normalises each stream and maps it by its own row (phi
-block-diagonal), where the paper normalises the n d-wide vector as a whole; and it normalises H_res's rows
-before its columns.
+mixes the streams (0.475 on the diagonal at n = 4, 0.175 elsewhere). The package differs from the paper in two
+places, kept here as the paper: it normalises each stream and maps it by its own row (phi block-diagonal),
+where the paper's Eq. 7 normalises the n d-wide vector as a whole; and it normalises H_res's rows before its
+columns (Eq. 9: columns first).
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ class ManifoldConstrainedConnection(StreamsConnection):
         flat = streams.flatten(-2)
         normed = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.eps)
         n = self.streams
-        gates = self.gates.repeat_interleave(torch.tensor([n, n, n * n], device=self.gates.device))
+        # each gate over its mapping's columns (expand, not repeat_interleave with tensor counts: that syncs
+        # with the device and breaks torch.compile's graph at every connection)
+        gates = torch.cat([self.gates[0].expand(n), self.gates[1].expand(n), self.gates[2].expand(n * n)])
         return gates * (normed @ self.mapping) + self.bias
 
     def mappings(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

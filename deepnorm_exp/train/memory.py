@@ -158,8 +158,9 @@ def estimate(cfg: DictConfig, scheme, depths: dict[str, int], positions: int, we
     tokens = cfg.train.batch_size * positions
     float_bytes = 2 if (cfg.train.precision in ("bf16", "fp16") or (cfg.train.precision == "auto" and cfg.device != "cpu"
                                                           and torch.cuda.is_available())) else 4
+    block_floats = scheme.block_floats * 4 / float_bytes  # fp32 under autocast too (mHC: fp32 gates and biases)
     per_layer_floats = {stack: sum(scheme.activation_factor * ACTIVATION_FLOATS[kind](d, f, cfg.model.ffn)
-                                   + scheme.block_floats for kind in kinds)
+                                   + block_floats for kind in kinds)
                         for stack, kinds in model_shape.blocks.items()}
     if cfg.model.activation_checkpointing:
         kept = sum(scheme.state_width * d * depths[stack] for stack in per_layer_floats) + max(per_layer_floats.values())
