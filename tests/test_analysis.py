@@ -450,3 +450,27 @@ def test_a_report_over_a_run_with_an_unreadable_config_and_runs_in_progress(tmp_
             lock.release()
     runs = load_runs(tmp_path / "default").set_index("run_dir")
     assert (runs.loc[str(fresh), "status"], runs.loc[str(resumed), "status"]) == ("unfinished", "interrupted")
+
+
+def test_the_zoos_stream_gain_table_reads_each_multi_stream_run_and_escapes_what_it_prints():
+    """Per norm x depth: the largest of either gain over blocks and steps, the largest distance from doubly
+    stochastic in brackets; a single-stream run's rows (no gain) are not in it; text where a number belongs
+    reads as missing; a norm name that is markup is printed as text."""
+    import pandas as pd
+
+    from deepnorm_exp.analysis.depth_sweep import stream_gain_table
+    from deepnorm_exp.analysis.page import markdown_table
+
+    rows = [
+        {"norm": "hyper_connections", "depth": 6, "step": 0, "mix_gain_forward": 1.0, "mix_gain_backward": 1.0, "mix_ds_distance": 0.0},
+        {"norm": "hyper_connections", "depth": 6, "step": 50, "mix_gain_forward": 2.5, "mix_gain_backward": 7.25, "mix_ds_distance": 0.3},
+        {"norm": "mhc", "depth": 24, "step": 50, "mix_gain_forward": 1.0, "mix_gain_backward": "x", "mix_ds_distance": 1e-7},
+        {"norm": "<script>alert(1)</script>", "depth": 6, "step": 0, "mix_gain_forward": 3.0, "mix_gain_backward": 1.0, "mix_ds_distance": 0.0},
+        {"norm": "pre", "depth": 6, "step": 0, "token_cosine": 0.4},
+    ]
+    table = stream_gain_table(pd.DataFrame(rows))
+    assert list(table.columns) == ["L6", "L24"] and "pre" not in table.index
+    assert table.loc["hyper_connections", "L6"] == "7.25 (0.3)" and table.loc["mhc", "L24"] == "1 (1e-07)"
+    text = markdown_table(table)
+    assert "<script>" not in text and "&lt;script&gt;" in text
+    assert stream_gain_table(pd.DataFrame([{"norm": "pre", "depth": 6, "token_cosine": 0.4}])).empty
