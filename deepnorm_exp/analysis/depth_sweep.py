@@ -14,6 +14,7 @@ from .escape import md_fence
 from .page import Page, Study, by_depth, diagnoses, markdown_table, single_rate_label
 from .tables import comparison_table, shared_value
 from .timing import preset_time
+from ..lifecycle.diagnosis import stream_gains
 from ..lifecycle.summary import TRAINED_FRACTION, format_table
 
 if TYPE_CHECKING:
@@ -40,19 +41,13 @@ def one_seed_section(page: Page, evidence: Evidence, name: str) -> None:
     diagnoses(page, evidence.runs(name))
 
 
-GAINS = ("mix_gain_forward", "mix_gain_backward")
-
-
 def stream_gain_table(layers: pd.DataFrame) -> pd.DataFrame:
     """norm x depth, for the runs that recorded stream mixing (multi-stream schemes): the largest composite gain,
     forward or backward, over every block and measured step, and in brackets the largest distance of one H_res
     from doubly stochastic. Empty where no run recorded them."""
-    present = [c for c in (*GAINS, "mix_ds_distance") if c in layers]
-    if not present:
-        return pd.DataFrame()
-    values = layers[present].apply(pd.to_numeric, errors="coerce")  # records are read as untrusted input
-    gain = values[[c for c in GAINS if c in values]].max(axis=1)
-    rows = layers.assign(gain=gain, ds=values.get("mix_ds_distance", np.nan))[gain.notna()]
+    gain = stream_gains(layers)["gain"]  # coerced: records are read as untrusted input
+    ds = pd.to_numeric(layers["mix_ds_distance"], errors="coerce") if "mix_ds_distance" in layers else np.nan
+    rows = layers.assign(gain=gain, ds=ds)[gain.notna()]
     if rows.empty:
         return pd.DataFrame()
     per_run = rows.groupby(["norm", "depth"]).agg(gain=("gain", "max"), ds=("ds", "max"))

@@ -138,10 +138,20 @@ def _logit_growth(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, la
                     f"{first['initial']:.4g} (> {LOGIT_GROWTH:g}x)")
 
 
+STREAM_GAINS = ("mix_gain_forward", "mix_gain_backward")
+
+
+def stream_gains(layers: pd.DataFrame) -> pd.DataFrame:
+    """The gain columns a table holds, as numbers (records are read as untrusted input: text reads as NaN), with
+    `gain`, the larger of the two where either was measured. The zoo's table reads the same."""
+    gains = layers[[c for c in STREAM_GAINS if c in layers]].apply(pd.to_numeric, errors="coerce")
+    return gains.assign(gain=gains.max(axis=1, skipna=True))
+
+
 def _stream_gain(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers: pd.DataFrame) -> Optional[dict]:
-    columns = [c for c in ("mix_gain_forward", "mix_gain_backward") if c in layers]
-    gains = layers[columns].apply(pd.to_numeric, errors="coerce")  # records are read as untrusted input
-    measured = layers.assign(gain=gains.max(axis=1, skipna=True), **gains)
+    gains = stream_gains(layers)
+    columns = [c for c in STREAM_GAINS if c in gains]
+    measured = layers.assign(**gains)
     first = _earliest(measured[measured["gain"] > STREAM_GAIN])
     if first is None:
         return None
@@ -174,21 +184,20 @@ def _spikes(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers: 
                     f"loss {first['loss']:.4g} against a median {first['median']:.4g} + {first['k']:g} x {first['deviation']:.3g}")
 
 
-# kind -> (its rule, the table and column it reads: None for the summary, always there); in this order at equal steps
-FINDINGS: dict[str, tuple[Callable, Optional[str], Optional[str]]] = {
+# kind -> (its rule, the table and column it reads (or columns, any of them measured will do): None for the
+# summary, always there); in this order at equal steps
+FINDINGS: dict[str, tuple[Callable, Optional[str], Optional[str | tuple[str, ...]]]] = {
     "divergence": (_divergence, None, None),
     "collapsed_at_init": (_collapsed, "layers", "token_cosine"),
     "gradient_vanishing": (_vanishing, "layers", "adam_below_eps"),
     "attention_logit_growth": (_logit_growth, "layers", "attn_logit_max"),
-    "stream_gain_growth": (_stream_gain, "layers", "mix_gain_forward"),
+    "stream_gain_growth": (_stream_gain, "layers", STREAM_GAINS),
     "output_logit_divergence": (_log_z, "scalars", "log_z_abs_max"),
     "loss_spikes": (_spikes, "scalars", "loss_spikes"),
 }
 # read only where recorded: a run without the column (its scheme has one stream) is not named as not measured;
 # a column there but empty is
 WHERE_RECORDED = ("stream_gain_growth",)
-# kind -> every column a rule reads, where it is more than the one FINDINGS names: any of them measured will do
-ALSO_READ = {"stream_gain_growth": ("mix_gain_forward", "mix_gain_backward")}
 KINDS = (*DIVERGENCE_KINDS, *(k for k in FINDINGS if k != "divergence"), *OUTCOMES)  # every value of `kind`
 
 # kind -> its rule, as the manual shows it (a threshold's number comes from its constant above)
@@ -241,10 +250,11 @@ def diagnose(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers:
     tables = {"scalars": scalars, "layers": layers}
     findings, not_measured = [], []
     for kind, (rule, table, column) in FINDINGS.items():
-        read = [c for c in ALSO_READ.get(kind, (column,)) if table is not None and c in tables[table]]
+        columns = (column,) if isinstance(column, str) else column or ()  # any of several measured will do
+        read = [c for c in columns if table is not None and c in tables[table]]
         if table is not None and not any(tables[table][c].notna().any() for c in read):
             if kind not in WHERE_RECORDED or read:  # recorded, but never measured
-                not_measured.append(column)
+                not_measured.append(columns[0])
         elif (found := rule(summary, scalars, events, layers)) is not None:
             findings.append(found)
     order = list(FINDINGS)
