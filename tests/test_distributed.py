@@ -85,6 +85,19 @@ def test_two_ranks_train_what_one_process_trains(runs, parallel):
         assert_close(per_layer_one[column].tolist(), per_layer_two[column].tolist(), rel=1e-4)
 
 
+@pytest.mark.parametrize("norm", ["hyper_connections", "mhc", "value_residual", "attn_res"])
+def test_the_residual_stream_designs_train_under_fsdp2_as_on_one_process(tmp_path, norm):
+    """Schemes whose state is wider than the stream (n streams, the first layer's values, Block AttnRes's blocks)
+    and whose parameters are vectors and small matrices: FSDP2 shards them and trains what one process trains."""
+    args = [*COMMON, f"norm={norm}", "train.steps=6", "metrics.layer_every=0"]
+    single = run_cli(*args, f"paths.runs={tmp_path / 'single'}")
+    sharded = torchrun(*args, f"paths.runs={tmp_path / 'fsdp'}", "train.parallel=fsdp")
+    assert single.returncode == 0 and sharded.returncode == 0, sharded.stderr[-3000:]
+    one, two = metrics(only_run(tmp_path / "single")), metrics(only_run(tmp_path / "fsdp"))
+    for key in ("loss", "grad_norm", "update_norm"):  # fp32 sums in another order (mHC's update: 1.3e-5 apart)
+        assert_close([r[key] for r in one], [r[key] for r in two], rel=1e-4)
+
+
 def test_fsdp_under_bf16_casts_weights_in_compute_and_trains_like_bf16_autocast(tmp_path):
     """train.precision=bf16 with FSDP: its mixed-precision policy (bf16 weights in compute, fp32 gradient
     reduction) instead of autocast; the same losses as one process under bf16 autocast, to bf16's precision."""

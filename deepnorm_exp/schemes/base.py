@@ -83,6 +83,8 @@ class NormScheme:
     state_width = 1
     # and what each residual block's own operations save per position whatever d_model is (mHC's Sinkhorn rounds)
     block_floats = 0
+    # and what they save in d_model-wide vectors per position, whatever the sublayer (Block AttnRes's sources)
+    block_width = 0.0
 
     def __init__(self, cfg: SchemeConfig, depths: Mapping[str, int], eps: float):
         self.cfg = cfg

@@ -12,7 +12,8 @@ stack's depth. Training memory is an estimate, printed at the start of every run
   block and 3 d_model + 3 d_ff for a feed-forward block (the saved inputs of LayerNorm, projections and
   GELU; scaled_dot_product_attention keeps no seq x seq matrix; `model.ffn=swiglu`: 3 d_model + 5 d_ff),
   times the scheme's `activation_factor` (what its own operations save: nGPT's normalisations,
-  sigma-Reparam's spectral norms) plus its `block_floats` a block (mHC's Sinkhorn rounds), halved under bf16 autocast, and with activation checkpointing only each
+  sigma-Reparam's spectral norms) plus its `block_floats` a block (mHC's Sinkhorn rounds) and `block_width` d_model (Block AttnRes's
+  sources), halved under bf16 autocast, and with activation checkpointing only each
   layer's residual state (`state_width` d_model wide: ResiDual's two streams) plus one layer's activations;
   plus the logits. tests/test_preflight.py holds every scheme's estimate against the floats autograd saves;
 * the data, in host memory: what the data source says its config takes (its `host_bytes`: the synthetic
@@ -160,7 +161,7 @@ def estimate(cfg: DictConfig, scheme, depths: dict[str, int], positions: int, we
                                                           and torch.cuda.is_available())) else 4
     block_floats = scheme.block_floats * 4 / float_bytes  # fp32 under autocast too (mHC: fp32 gates and biases)
     per_layer_floats = {stack: sum(scheme.activation_factor * ACTIVATION_FLOATS[kind](d, f, cfg.model.ffn)
-                                   + block_floats for kind in kinds)
+                                   + block_floats + scheme.block_width * d for kind in kinds)
                         for stack, kinds in model_shape.blocks.items()}
     if cfg.model.activation_checkpointing:
         kept = sum(scheme.state_width * d * depths[stack] for stack in per_layer_floats) + max(per_layer_floats.values())
