@@ -44,11 +44,12 @@ def role_std(block, role) -> float:
     raise KeyError(role)
 
 
-def test_every_scheme_has_a_row_in_the_zoo_table_and_a_place_in_the_zoo_sweep():
+def test_every_scheme_has_a_row_in_the_zoo_table_and_a_place_in_the_zoo_sweep_and_the_board():
     page = (deepnorm_exp.config.CONF_DIR.parent / "docs" / "schemes.md").read_text()
-    sweep = (deepnorm_exp.config.CONF_DIR / "experiment" / "zoo_depth_sweep.yaml").read_text()
-    swept = next(line for line in sweep.splitlines() if line.strip().startswith("norm:")).split(":")[1].split()[0]
-    assert set(swept.split(",")) == set(SCHEMES.names())
+    for preset in ("zoo_depth_sweep", "board"):
+        sweep = (deepnorm_exp.config.CONF_DIR / "experiment" / f"{preset}.yaml").read_text()
+        swept = next(line for line in sweep.splitlines() if line.strip().startswith("norm:")).split(":")[1].split()[0]
+        assert set(swept.split(",")) == set(SCHEMES.names()), preset
     for name in SCHEMES.names():
         assert f"| `{name}` |" in page, name
 

@@ -20,6 +20,7 @@ from .. import records
 from .escape import html_text
 
 from . import at_one_lr, comparison_table, load_frontier, load_layer_records, load_runs, load_scalars, plots
+from .board import board, board_rows
 from .frontier_law import fit_frontier_law
 from .tables import diagnosis_table, shared_value
 
@@ -152,7 +153,8 @@ def build_report(root: str | Path) -> str:
     if runs.empty:
         raise SystemExit(f"deepnorm_exp.analysis.report: no runs (no */summary.json) under {root}")
     frontier = load_frontier(root)
-    sections = [*_summary_section(root, runs), *_frontier_section(frontier), *_figure_sections(runs, frontier),
+    sections = [*_summary_section(root, runs), *_board_section(runs), *_frontier_section(frontier),
+                *_figure_sections(runs, frontier),
                 "<h2>Runs</h2>", "<p>Click a header to sort.</p>", runs_table(runs), *_diagnosis_section(runs)]
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>deepnorm_exp: '
             f"{html_text(root.name)}</title><style>{STYLE}</style></head><body>{''.join(sections)}"
@@ -176,6 +178,24 @@ def _summary_section(root: Path, runs: pd.DataFrame) -> list[str]:
     if unfinished:
         sections.insert(2, f'<p class="meta"><strong>{unfinished} run(s) running or unfinished</strong>: their rows and '
                            "curves are what they recorded so far; the tables of final losses leave them out.</p>")
+    return sections
+
+
+def _board_section(runs: pd.DataFrame) -> list[str]:
+    """Where the runs hold a grid of rates: each scheme at its own best rate per depth, ranked within the seeds'
+    noise by the board's rules (board.py; experiment=board, a scorecard's runs, a learning-rate study)."""
+    if "train.lr" not in runs or runs["train.lr"].nunique() < 2:
+        return []
+    table = board(runs, load_layer_records(at_one_lr(runs)[0]))
+    if table.empty:
+        return []
+    sections = ["<h2>Each scheme at its own best rate</h2>",
+                "<p>Ranked per depth by the final eval loss at the best rate of the grid (capped at the loss at "
+                "initialisation); a scheme ranks above another only beyond two standard errors of the difference, "
+                "the seeds' spread pooled over the depth's trained cells (deepnorm_exp/analysis/board.py).</p>"]
+    for depth in sorted(table["depth"].unique()):
+        sections += [f"<h3>Depth {int(depth)}</h3>",
+                     frame_table(board_rows(table, int(depth)), index=False, table_id=f"board-L{int(depth)}")]
     return sections
 
 

@@ -3,7 +3,7 @@ README block), so a new study is its module plus one line here."""
 
 from __future__ import annotations
 
-from . import (budget, depth_sweep, early_window, final_quality, frontier, lr_study, mitigations, model_update,
+from . import (board, budget, depth_sweep, early_window, final_quality, frontier, lr_study, mitigations, model_update,
                steps_to_train, warmup)
 from .page import Study
 
@@ -13,5 +13,5 @@ STUDIES: list[Study] = [
     early_window.EARLY_UPDATE, steps_to_train.THOUSAND_LAYERS,
     model_update.DECODER, model_update.LOW_LR, model_update.THOUSAND_LAYERS,
     warmup.LOW_LR, warmup.QUICK_RATE, mitigations.MITIGATIONS, frontier.FRONTIER,
-    depth_sweep.DECODER, depth_sweep.ENCDEC, depth_sweep.GPU, depth_sweep.QUICKSTART, depth_sweep.ZOO,
+    depth_sweep.DECODER, depth_sweep.ENCDEC, depth_sweep.GPU, depth_sweep.QUICKSTART, board.BOARD, depth_sweep.ZOO,
 ]

@@ -1,0 +1,84 @@
+"""The scorecard: one scheme, built-in or new, run under the board's battery and ranked among the board's rows
+by the board's rules (board.py), read from the board's records: nothing of the board runs again.
+
+    python -m deepnorm_exp -m experiment=scorecard norm=<name>     # runs it, then prints its rows
+    python -m deepnorm_exp.analysis.scorecard runs                 # prints them again from the records
+
+A scheme the board already has is scored under its own name plus " (scorecard)". A scorecard whose battery
+is not the board's (another budget, grid, seeds or depths) is not ranked: the differences are printed instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from .board import battery_differences, board, board_rows
+from .evidence import Evidence
+from .runs import load_layer_records, load_runs
+from ..sweeps.hydra_callbacks import ComparisonTable
+
+BOARD, SCORECARD = "board", "scorecard"
+MARK = " (scorecard)"
+
+
+def scored(board_runs: pd.DataFrame, candidate: pd.DataFrame) -> pd.DataFrame:
+    """The candidate's runs named apart from the board's where the board has the scheme too."""
+    taken = set(board_runs["norm"]) if "norm" in board_runs else set()
+    return candidate.assign(norm=[n + MARK if n in taken else n for n in candidate["norm"]])
+
+
+def scorecard_text(root: str | Path) -> str:
+    """The scorecard of every scheme under runs/scorecard/, per depth beside the board (or alone, where the
+    board has no records yet), as Markdown tables."""
+    root = Path(root)
+    candidate = load_runs(root / SCORECARD) if (root / SCORECARD).is_dir() else pd.DataFrame()
+    if candidate.empty:
+        return f"No scorecard runs under {root / SCORECARD}: python -m deepnorm_exp -m experiment=scorecard norm=<name>"
+    evidence = Evidence(root)
+    board_runs = evidence.runs(BOARD)
+    lines = []
+    if board_runs.empty:
+        lines.append(f"No board records under {root / BOARD} (python -m deepnorm_exp -m experiment=board): the "
+                     "scorecard's rows alone.")
+    else:
+        differences = battery_differences(board_runs, candidate)
+        if differences:
+            return "Not ranked: this scorecard's battery is not the board's (" + "; ".join(differences) + ")."
+    candidate = scored(board_runs, candidate)
+    names = set(candidate["norm"])
+    runs = pd.concat([board_runs, candidate], ignore_index=True)
+    layers = pd.concat([evidence.layers(BOARD), load_layer_records(candidate)], ignore_index=True)
+    table = board(runs, layers)
+    if table.empty:
+        return "\n".join(lines + ["No scorecard run has ended yet."])
+    from .page import markdown_table
+
+    for depth in sorted(table["depth"].unique()):
+        rows = board_rows(table, int(depth))
+        rows["norm"] = ["→ " + n if n in names else n for n in rows["norm"]]
+        ranks = table[(table["depth"] == depth) & table["norm"].isin(names)]
+        placed = ", ".join(f"{r.norm} rank {r.rank} of {int((table['depth'] == depth).sum())}" for r in ranks.itertuples())
+        lines += ["", f"Depth {depth}: {placed}", markdown_table(rows, index=False)]
+    return "\n".join(lines).strip()
+
+
+class Scorecard(ComparisonTable):
+    """experiment=scorecard's comparison table: its runs' table, then its rows beside the board's, last."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        super().on_multirun_end(config, **kwargs)
+        print("\n" + scorecard_text(config.paths.runs), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m deepnorm_exp.analysis.scorecard", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="?", default="runs", help="the runs root holding board/ and scorecard/")
+    print(scorecard_text(parser.parse_args(argv).runs))
+
+
+if __name__ == "__main__":
+    main()

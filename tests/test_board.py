@@ -1,0 +1,176 @@
+"""The board's rules (deepnorm_exp/analysis/board.py) on hand-made records, each where its claim is false too,
+and the scorecard: a battery that is not the board's is refused, a scheme the board has is scored apart."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from deepnorm_exp.analysis.board import (battery_differences, board, board_rows, failures, frontier_rates, init_cosine,
+                                         pooled_sd, rank_within_noise)
+from deepnorm_exp.analysis.scorecard import MARK, scored
+
+INIT = 5.0
+
+
+def run(norm, depth, lr, seed, loss, status="completed", trained=True, trained_at=100.0, kind=None, steps=500):
+    return {"norm": norm, "depth": depth, "train.lr": lr, "seed": seed, "eval_loss": loss, "status": status,
+            "initial_eval_loss": INIT, "trained": trained, "trained_at_step": trained_at if trained else np.nan,
+            "diagnosis.kind": kind, "run_name": f"{norm}-L{depth}-{lr}-s{seed}", "train.steps": steps}
+
+
+def grid(norm, depth, losses, **kwargs):
+    """{lr: (loss seed 0, loss seed 1)} -> runs."""
+    return [run(norm, depth, lr, seed, loss, **kwargs) for lr, pair in losses.items() for seed, loss in enumerate(pair)]
+
+
+def test_the_pooled_spread_reads_only_cells_whose_seeds_all_trained():
+    runs = pd.DataFrame(grid("a", 6, {1e-3: (3.0, 3.2), 3e-3: (3.1, 3.5)})
+                        + [run("b", 6, 1e-3, 0, 3.0), run("b", 6, 1e-3, 1, 4.9, trained=False, kind="stuck_on_plateau")])
+    expected = math.sqrt((2 * 0.1 ** 2 + 2 * 0.2 ** 2) / 2)  # b's cell (one seed untrained) left out
+    assert pooled_sd(runs)[6] == pytest.approx(expected)
+
+
+def test_a_difference_within_two_standard_errors_does_not_rank():
+    rows = pd.DataFrame({"norm": ["a", "b", "c"], "loss": [3.00, 3.05, 3.50], "seeds": [2, 2, 2]})
+    ranked = rank_within_noise(rows, sd=0.05)  # margin 2 * 0.05 * 1 = 0.1
+    assert ranked["rank"].tolist() == [1, 1, 3]
+    assert ranked["ties"].tolist() == ["b", "a", ""]
+    tight = rank_within_noise(rows, sd=0.01)  # margin 0.02: a ranks above b
+    assert tight["rank"].tolist() == [1, 2, 3]
+    assert rank_within_noise(rows, sd=float("nan"))["rank"].tolist() == [1, 1, 1]  # no spread known: nothing sure
+
+
+def test_the_board_ranks_each_scheme_at_its_own_best_rate_with_a_diverged_seed_at_its_initial_loss():
+    runs = pd.DataFrame(
+        grid("good", 6, {3e-4: (3.40, 3.42), 1e-3: (3.10, 3.12), 3e-3: (3.20, 3.22)})
+        # best mean 3.0 at 1e-2 were the diverged seed left out; counted at its initial loss, 1e-3 is best
+        + grid("fragile", 6, {3e-4: (3.60, 3.62), 1e-3: (3.30, 3.32)})
+        + [run("fragile", 6, 3e-3, 0, 3.00), run("fragile", 6, 3e-3, 1, float("nan"), status="diverged", trained=False)])
+    table = board(runs)
+    good, fragile = (table[table["norm"] == n].iloc[0] for n in ("good", "fragile"))
+    assert (good["best_lr"], good["loss"], good["rank"]) == (1e-3, pytest.approx(3.11), 1)
+    assert (fragile["best_lr"], fragile["loss"], fragile["rank"]) == (1e-3, pytest.approx(3.31), 2)
+    assert fragile["failures"] == "1 diverged"
+    assert fragile["frontier"] == 1e-3 and fragile["where"] == ""
+    assert good["frontier"] == 3e-3 and good["where"] == "above"  # the grid's top rate held: the frontier lies beyond
+    assert good["sensitivity"] == pytest.approx(np.mean([0.30, 0.0, 0.10]))
+    assert good["steps_to_train"] == 100 and good["trained_by_budget"] == "2/2"
+    shown = board_rows(table, 6)
+    assert shown["rank"].tolist() == [1, 2] and shown["loss ± se"].iloc[0].startswith("3.110 ± ")
+
+
+def test_the_frontier_is_below_the_grid_where_no_rate_trains_every_seed():
+    runs = pd.DataFrame([run("stuck", 24, lr, s, 4.5, trained=False, kind="stuck_on_plateau")
+                         for lr in (3e-4, 1e-3) for s in (0, 1)])
+    (row,) = frontier_rates(runs).itertuples()
+    assert math.isnan(row.frontier) and row.where == "below"
+    assert failures(runs)["failures"].tolist() == ["4 stuck_on_plateau"]
+    steps = board(runs)["steps_to_train"]
+    assert steps.isna().all()  # censored: never trained
+
+
+def test_the_collapse_at_initialisation_is_the_last_blocks_cosine_at_step_0():
+    layers = pd.DataFrame({"step": [0, 0, 0, 500], "position": [0, 1, 1, 1], "token_cosine": [0.2, 0.995, 0.985, 0.1],
+                           "run_name": ["p-s0", "p-s0", "p-s1", "p-s0"], "norm": "post", "depth": 24})
+    (row,) = init_cosine(layers).itertuples()
+    assert row.init_cosine == pytest.approx(0.99)
+
+
+def test_a_scorecard_of_another_battery_is_refused_and_a_known_scheme_is_scored_apart():
+    board_runs = pd.DataFrame(grid("pre", 6, {1e-3: (3.1, 3.2)}))
+    same = pd.DataFrame(grid("pre", 6, {1e-3: (3.0, 3.1)}))
+    assert battery_differences(board_runs, same) == []
+    shorter = pd.DataFrame(grid("mine", 6, {1e-3: (3.0, 3.1)}, steps=200))
+    assert battery_differences(board_runs, shorter) == ["train.steps: 200 here, 500 on the board"]
+    other_grid = pd.DataFrame(grid("mine", 6, {3e-3: (3.0, 3.1)}))
+    assert [d.split(":")[0] for d in battery_differences(board_runs, other_grid)] == ["rates"]
+    assert scored(board_runs, same)["norm"].unique().tolist() == ["pre" + MARK]
+
+
+HALF_BRANCH = '''"""Half branch (a test's scheme, 2026): Pre-LN whose branch joins the stream at half its size.
+Written by tests/test_board.py into a copy of the package, as docs/schemes.md's "Adding a scheme" says."""
+
+from torch import nn
+
+from . import register
+from .pre import PreNorm
+
+
+class HalfBranch(nn.Module):
+    def __init__(self, sublayer, norm):
+        super().__init__()
+        self.sublayer, self.norm = sublayer, norm
+
+    def forward(self, x, *args, **kwargs):
+        return x + 0.5 * self.sublayer(self.norm(x), *args, **kwargs)
+
+
+@register("half_branch")
+class HalfBranchScheme(PreNorm):
+    def residual(self, sublayer, stack, layer):
+        return HalfBranch(sublayer, self.norm(sublayer.d_model))
+'''
+
+
+@pytest.mark.slow
+def test_a_new_scheme_is_scored_beside_the_board_through_the_real_cli(tmp_path):
+    """A scheme added as the guide says (one module, one YAML, in a copy of the package), then a tiny board of two
+    schemes and the new one's scorecard under the same battery, each through `python -m deepnorm_exp -m`: the
+    scorecard prints its rank among the board's rows per depth; another battery is refused, not ranked."""
+    import shutil
+
+    from conftest import REPO, TINY, run_cli
+
+    copy = tmp_path / "repo"
+    for part in ("deepnorm_exp", "conf", "hydra_plugins"):
+        if (REPO / part).exists():
+            shutil.copytree(REPO / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "deepnorm_exp" / "schemes" / "half_branch.py").write_text(HALF_BRANCH)
+    (copy / "conf" / "norm" / "half_branch.yaml").write_text(
+        "# Half branch: a test's scheme. deepnorm_exp/schemes/half_branch.py\ndefaults:\n"
+        "  - /schemas/norm@_here_: half_branch\n  - _self_\nname: half_branch\n")
+    battery = [*TINY, "depth=2,1", "train.lr=1e-3,1e-2", "seed=0,1", "train.steps=12", "train.eval_every=4",
+               "metrics.layer_every=12", "hydra.launcher.n_jobs=2", "threads=1", f"paths.runs={tmp_path / 'runs'}"]
+    made = run_cli("-m", "experiment=board", "norm=pre,post", *battery, cwd=copy)
+    assert made.returncode == 0, made.stderr[-3000:]
+    scored_run = run_cli("-m", "experiment=scorecard", "norm=half_branch", *battery, cwd=copy)
+    assert scored_run.returncode == 0, scored_run.stderr[-3000:]
+    for depth in (1, 2):
+        assert f"Depth {depth}: half_branch rank " in scored_run.stdout and " of 3" in scored_run.stdout
+    assert "| → half_branch |" in scored_run.stdout
+    from deepnorm_exp.analysis.report import build_report
+
+    report = build_report(tmp_path / "runs" / "board")  # report.html gets the board (what it read: escaped)
+    assert "<h2>Each scheme at its own best rate</h2>" in report and 'id="board-L2"' in report
+    check_the_study_level_wandb_run(tmp_path / "runs" / "board")
+    longer = run_cli("-m", "experiment=scorecard", "norm=pre", *battery, "train.steps=16", cwd=copy)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "Not ranked: this scorecard's battery is not the board's (train.steps: 12, 16 here, 12 on the board)" \
+        in longer.stdout
+
+
+def test_a_scorecard_twin_of_a_board_run_keeps_its_own_cosine_at_init():
+    """A scheme scored again has its board runs' names: each keeps its own last block."""
+    layers = pd.DataFrame({"step": 0, "position": [0, 1, 0, 1], "token_cosine": [0.1, 0.5, 0.1, 0.7],
+                           "run_name": "pre-L6-s0", "norm": ["pre", "pre", "pre" + MARK, "pre" + MARK], "depth": 6})
+    assert init_cosine(layers)["init_cosine"].tolist() == [0.5, 0.7]
+
+
+def check_the_study_level_wandb_run(root):
+    """The board's study-level W&B run, read back from its offline file: grouped with the study, tagged, with a
+    table per depth whose rows are the board's, and the loss-against-rate charts' tables."""
+    import json
+
+    from deepnorm_exp.analysis.dashboard import log_study
+    from wandb_records import read_run
+
+    directory = log_study(root)
+    (wandb_file,) = directory.glob("*.wandb")
+    run = read_run(wandb_file)
+    assert (run["run"].run_group, run["run"].job_type, set(run["run"].tags)) == ("board", "study", {"study", "study:board"})
+    assert {"board/L1/path", "board/L2/path", "loss_vs_lr/L2/chart_table/path", "frontier_vs_depth/path"} <= run["history_keys"]
+    (table_file,) = directory.glob("files/media/table/board/L2_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"][:2] == ["rank", "norm"] and sorted(row[1] for row in table["data"]) == ["post", "pre"]
