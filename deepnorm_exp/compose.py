@@ -24,7 +24,7 @@ from hydra.core.config_store import ConfigStore  # noqa: E402
 from .build import check_config  # noqa: E402
 from .config import CONF_DIR
 from .data import SOURCES
-from .errors import ConfigError, first_line
+from .errors import ConfigError, choice_error, first_line
 from .metrics import metrics_schema
 from .schemes import SCHEMES
 
@@ -75,7 +75,7 @@ def missing_option(e: MissingConfigException) -> ConfigError:
     missing = (e.missing_cfg_file or "").strip("/")
     group, _, option = missing.rpartition("/")
     if group and e.options is not None:
-        return ConfigError(group, option, f"choose one of: {', '.join(sorted(e.options))}")
+        return choice_error(group, option, sorted(e.options))
     return ConfigError("config", missing or "?", first_line(e))
 
 

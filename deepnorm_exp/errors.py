@@ -31,20 +31,28 @@ class ConfigError(HarnessError, ValueError):
 
     exit_status = 2
 
-    def __init__(self, key: str, value: object, allowed: str):
-        self.key, self.value, self.allowed = key, value, allowed
+    def __init__(self, key: str, value: object, allowed: str, allowed_chars: int = 400):
+        self.key, self.value, self.allowed, self.allowed_chars = key, value, allowed, allowed_chars
         if len(str(value)) > SHOWN_CHARS:  # a library's message that quotes the value quotes it whole
             allowed = allowed.replace(str(value), shown(value))
-        super().__init__(f"{shown(key)}={shown(value)} is invalid: {shown(allowed, 400)}")
+        super().__init__(f"{shown(key)}={shown(value)} is invalid: {shown(allowed, allowed_chars)}")
 
     def __reduce__(self):  # pickled whole: the main process's refusal is sent to every rank of a run
-        return type(self), (self.key, self.value, self.allowed)
+        return type(self), (self.key, self.value, self.allowed, self.allowed_chars)
+
+
+CHOICES_CHARS = 2000  # a registry's choices are listed whole: a list cut in its middle hides the one wanted
+
+
+def choice_error(key: str, value: object, choices, why: str = "") -> ConfigError:
+    """The refusal of `value` for `key`, listing every one of `choices` (after `why`, if said)."""
+    return ConfigError(key, value, f"{why}choose one of: {', '.join(choices)}", CHOICES_CHARS)
 
 
 def require_choice(key: str, value: object, choices) -> None:
     """Refuse `value` for `key` unless it is one of `choices`, which the message lists."""
     if value not in choices:
-        raise ConfigError(key, value, f"choose one of: {', '.join(choices)}")
+        raise choice_error(key, value, choices)
 
 
 class RecordError(HarnessError):

@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 from typing import Callable, Generic, TypeVar
 
-from .errors import ConfigError
+from .errors import choice_error
 
 T = TypeVar("T")
 
@@ -45,5 +45,5 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         self._discover()
         if name not in self._items:
-            raise ConfigError(self.key, name, f"choose one of: {', '.join(self.names())}")
+            raise choice_error(self.key, name, self.names())
         return self._items[name]

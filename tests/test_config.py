@@ -287,3 +287,14 @@ def test_errors_survive_pickling_to_the_other_ranks():
     refused = pickle.loads(pickle.dumps(ConfigError("train.lr", 1e-3, "the sweeper owns it")))
     assert (refused.key, refused.value, str(refused)) == ("train.lr", 1e-3, "train.lr=0.001 is invalid: the sweeper owns it")
     assert refused.exit_status == 2 and str(pickle.loads(pickle.dumps(RecordError("x is damaged")))) == "x is damaged"
+
+
+def test_a_long_list_of_choices_is_listed_whole():
+    """A registry's choices are not cut in their middle as a library's message is: the preset list passed 400
+    characters (29 experiments) and the error hid the ones between gpu_depth and paper_depth_sweep."""
+    from deepnorm_exp.errors import require_choice
+
+    choices = [f"scheme_{i:03d}" for i in range(60)]
+    with pytest.raises(ConfigError) as refusal:
+        require_choice("norm", "nope", choices)
+    assert str(refusal.value) == f"norm=nope is invalid: choose one of: {', '.join(choices)}"

@@ -13,7 +13,7 @@ from typing import Any, Optional, Protocol
 import torch
 
 from ..config import parse_section, rules_hold
-from ..errors import ConfigError
+from ..errors import choice_error
 from ..registry import Registry
 
 
@@ -77,7 +77,7 @@ def _source(data_cfg: Any, task: str) -> type[DataSource]:
     cls = SOURCES.get(data_cfg["name"])
     if task not in cls.tasks:
         serving = [name for name in SOURCES.names() if task in SOURCES.get(name).tasks]
-        raise ConfigError("data", data_cfg["name"], f"the model needs {task} data; choose one of: {', '.join(serving)}")
+        raise choice_error("data", data_cfg["name"], serving, f"the model needs {task} data; ")
     return cls
 
 

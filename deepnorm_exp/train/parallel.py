@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, choice_error
 from ..runtime import Runtime
 
 PARALLEL = ("auto", "none", "ddp", "fsdp")
@@ -129,7 +129,7 @@ def wrap(model: nn.Module, runtime: Runtime, parallel: str, param_dtype: torch.d
             fully_shard(block, mp_policy=policy)
         fully_shard(objective, mp_policy=policy)
         return objective
-    raise ConfigError("train.parallel", parallel, f"choose one of: {', '.join(PARALLEL)}")
+    raise choice_error("train.parallel", parallel, PARALLEL)
 
 
 def reshard_root(objective: nn.Module) -> None:
