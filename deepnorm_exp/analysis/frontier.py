@@ -10,8 +10,8 @@ import pandas as pd
 
 from . import plots
 from .escape import md_text
-from .frontier_law import bracket_table, brackets_so_far
-from .page import Page, Study, diagnoses, markdown_table
+from .frontier_law import bracket_table, brackets_so_far, frontier_cells
+from .page import Page, Study, charted, diagnoses, markdown_table
 from .timing import preset_time, sweeper_setting
 
 if TYPE_CHECKING:
@@ -91,7 +91,25 @@ def frontier_block(evidence: Evidence, name: str) -> Optional[str]:
             "log(depth):\n\n" + frontier_law_text(evidence.frontier_law(name)))
 
 
+def frontier_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
+    """Every cell's bracket, the law, and the frontier against depth: per scheme and depth, the geometric mean
+    over the seeds of the largest rate found stable (cells censored below the range left out)."""
+    frontier = evidence.frontier(name)
+    if frontier.empty:
+        return {}
+    cells = frontier_cells(frontier)
+    found = cells[cells["lo"].map(np.isfinite) & (cells["lo"] > 0)]
+    stable = (found.assign(lr=np.log(found["lo"])).groupby(["norm", "depth"], as_index=False)["lr"].mean()
+              .assign(lr=lambda f: np.exp(f["lr"])))
+    law = evidence.frontier_law(name).copy()
+    for column in ("depths", "censored_depths"):
+        law[column] = law[column].map(lambda ds: ", ".join(map(str, ds)))
+    return {"frontier/cells": cells, "frontier/law": law,
+            "frontier_vs_depth": charted(stable, "depth", "lr", "largest rate found stable against depth "
+                                                             "(geometric mean over seeds)")}
+
+
 FRONTIER = Study("frontier_depth", "Stability frontier across depth",
                  "Per scheme, depth and seed, the largest learning rate that trains, found by bisection "
                  "(hydra/sweeper=frontier), and the law log(max lr) = a + b log(depth) fitted per scheme.",
-                 frontier_section, "frontier", frontier_block)
+                 frontier_section, "frontier", frontier_block, dashboard=frontier_dashboard)

@@ -4,6 +4,7 @@ it writes and the README block it keeps, if any), the `Page` it writes into, and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -44,12 +45,16 @@ class Page:
 
 Section = Callable[[Page, "Evidence", str], None]  # (page, evidence, the study's name): its tables and figures
 Block = Callable[["Evidence", str], Optional[str]]  # a README block's text, or None while it must wait
+# the study's own tables for its W&B dashboard (dashboard.py), beside every study's: {key: frame}; a frame
+# whose attrs["chart"] is (x, y, title) is drawn as a line per scheme
+Tables = Callable[["Evidence", str], dict[str, pd.DataFrame]]
 
 
 @dataclass(frozen=True)
 class Study:
     """A preset of conf/experiment/ as the page shows it: `section` writes what its records say, and `block`,
-    where the study has one, the README's or the manual's block named `block_name`."""
+    where the study has one, the README's or the manual's block named `block_name`; `dashboard`, its own
+    tables on its W&B dashboard."""
 
     name: str  # conf/experiment/<name>.yaml and runs/<name>/
     title: str
@@ -57,10 +62,18 @@ class Study:
     section: Section
     block_name: str = ""
     block: Optional[Block] = None
+    dashboard: Optional[Tables] = None
 
     @property
     def command(self) -> str:
         return f"python -m deepnorm_exp -m experiment={self.name}"
+
+
+def charted(frame: pd.DataFrame, x: str, y: str, title: str) -> pd.DataFrame:
+    """`frame` (norm, x, y) with its non-finite points left out, marked to be drawn as a line per scheme."""
+    frame = frame[pd.to_numeric(frame[y], errors="coerce").map(math.isfinite)].reset_index(drop=True)
+    frame.attrs["chart"] = (x, y, title)
+    return frame
 
 
 def markdown_table(frame: pd.DataFrame, index: bool = True, markdown: tuple[str, ...] = ()) -> str:

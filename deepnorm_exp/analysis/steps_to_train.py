@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 import pandas as pd
 
-from .page import Page, Study, markdown_table
+from .page import Page, Study, charted, markdown_table
 from .runs import config_column, outcomes
 
 if TYPE_CHECKING:
@@ -154,17 +154,29 @@ def steps_section(page: Page, evidence: Evidence, name: str) -> None:
              markdown_table(best_rates(cells), index=False))
 
 
+def steps_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
+    """Every cell, and the median steps-to-train at each scheme's best rate against depth (a depth where fewer
+    than half the seeds trained has no point: see the cells)."""
+    cells = cell_table(run_outcomes(evidence.runs(name)))
+    if cells.empty:
+        return {}
+    best = best_rates(cells)
+    return {"steps/cells": cells, "steps/best_rates": best,
+            "steps_vs_depth": charted(best[["norm", "depth", "median"]], "depth", "median",
+                                      "median steps to train at the best rate, against depth")}
+
+
 DECODER = Study("steps_to_train", "Slow or unstable: steps to train against depth",
                 "Post-LN, Pre-LN and DeepNorm at depths 6-100, four rates, two seeds, each run trained until it has "
                 "trained or for 3,000 steps (ten times the other studies' 300); steps-to-train read with censoring "
-                "(the rules: deepnorm_exp/analysis/steps_to_train.py).", steps_section)
+                "(the rules: deepnorm_exp/analysis/steps_to_train.py).", steps_section, dashboard=steps_dashboard)
 ENCDEC = Study("steps_to_train_encdec", "Slow or unstable, encoder-decoder",
                "The same on N-N encoder-decoders and the synthetic translation task, N = 6, 24, 100, rates 1e-3 and "
-               "3e-3, two seeds, until trained or 3,000 steps.", steps_section)
+               "3e-3, two seeds, until trained or 3,000 steps.", steps_section, dashboard=steps_dashboard)
 FP16 = Study("precision_fp16", "Mixed precision, as the paper trained",
              "Post-LN and DeepNorm at depths 18 and 50 in fp16 with dynamic loss scaling, lr 1e-3, two seeds, "
-             "steps_to_train's protocol (until trained or 3,000 steps).", steps_section)
+             "steps_to_train's protocol (until trained or 3,000 steps).", steps_section, dashboard=steps_dashboard)
 THOUSAND_LAYERS = Study("encdec_1000l", "1,000 layers at this width",
                         "DeepNorm and Pre-LN 500L-500L encoder-decoders at d_model 64 on the synthetic translation task, "
                         "one seed each, the encoder-decoder depth sweep's training, each until it has trained or for "
-                        "2,000 steps.", steps_section)
+                        "2,000 steps.", steps_section, dashboard=steps_dashboard)
