@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from deepnorm_exp.analysis.board import (battery_differences, board, board_rows, failures, frontier_rates, init_cosine,
-                                         pooled_sd, rank_within_noise)
+from deepnorm_exp.analysis.board import (battery_differences, board, board_rows, failures, frontier_change, frontier_rates,
+                                         init_cosine, mixed_battery, pooled_sd, rank_within_noise, unranked)
 from deepnorm_exp.analysis.scorecard import MARK, scored
 
 INIT = 5.0
@@ -45,7 +45,7 @@ def test_a_difference_within_two_standard_errors_does_not_rank():
 def test_the_board_ranks_each_scheme_at_its_own_best_rate_with_a_diverged_seed_at_its_initial_loss():
     runs = pd.DataFrame(
         grid("good", 6, {3e-4: (3.40, 3.42), 1e-3: (3.10, 3.12), 3e-3: (3.20, 3.22)})
-        # best mean 3.0 at 1e-2 were the diverged seed left out; counted at its initial loss, 1e-3 is best
+        # best mean 3.0 at 3e-3 were the diverged seed left out; counted at its initial loss, 1e-3 is best
         + grid("fragile", 6, {3e-4: (3.60, 3.62), 1e-3: (3.30, 3.32)})
         + [run("fragile", 6, 3e-3, 0, 3.00), run("fragile", 6, 3e-3, 1, float("nan"), status="diverged", trained=False)])
     table = board(runs)
@@ -76,6 +76,59 @@ def test_the_collapse_at_initialisation_is_the_last_blocks_cosine_at_step_0():
                            "run_name": ["p-s0", "p-s0", "p-s1", "p-s0"], "norm": "post", "depth": 24})
     (row,) = init_cosine(layers).itertuples()
     assert row.init_cosine == pytest.approx(0.99)
+
+
+def test_a_board_of_two_batteries_is_not_ranked():
+    """The full battery run under the board's name beside the short one: 500- and 2,000-step runs were pooled as
+    four seeds of one cell."""
+    runs = pd.DataFrame(grid("pre", 6, {1e-3: (3.1, 3.2), 3e-3: (3.0, 3.1)})
+                        + grid("pre", 6, {1e-3: (2.5, 2.6), 3e-3: (2.4, 2.5)}, steps=2000))
+    assert mixed_battery(runs) == ["train.steps: 2000, 500"]
+    assert unranked(runs) == "its runs are of more than one battery (train.steps: 2000, 500)"
+    one = runs[runs["train.steps"] == 500]
+    assert mixed_battery(one) == [] and unranked(one) == ""
+    assert "stop once trained" in unranked(one.assign(**{"train.stop_when_trained": True}))
+    assert unranked(one[one["train.lr"] == 1e-3]) == "one learning rate"
+
+
+def test_a_setting_beyond_the_budget_is_part_of_the_battery_and_one_only_a_side_records_is_not_compared():
+    board_runs = pd.DataFrame(grid("pre", 6, {1e-3: (3.1, 3.2)})).assign(**{"train.eval_every": 50})
+    coarser = pd.DataFrame(grid("mine", 6, {1e-3: (3.0, 3.1)})).assign(**{"train.eval_every": 10})
+    assert battery_differences(board_runs, coarser) == ["train.eval_every: 10 here, 50 on the board"]
+    unrecorded = coarser.drop(columns="train.eval_every").assign(**{"train.compile": True})  # not a battery key
+    assert battery_differences(board_runs, unrecorded) == []
+
+
+def test_a_seed_that_crashed_is_not_one_that_trained():
+    """Both 1e-2 seeds crashed and 3e-3 trained: the frontier read 3e-3 "above" the grid."""
+    runs = pd.DataFrame(grid("a", 6, {3e-4: (3.3, 3.4), 3e-3: (3.0, 3.1)})
+                        + grid("a", 6, {1e-2: (np.nan, np.nan)}, status="failed", trained=False))
+    (row,) = frontier_rates(runs).itertuples()
+    assert row.frontier == 3e-3 and row.where == ""
+    assert failures(runs)["failures"].tolist() == ["2 failed"]
+    half = pd.DataFrame(grid("a", 6, {1e-3: (3.0, 3.1)}) + [run("a", 6, 1e-2, 0, 2.9), run("a", 6, 1e-2, 1, np.nan, status="running")])
+    (row,) = frontier_rates(half).itertuples()
+    assert row.frontier == 1e-3 and failures(half)["failures"].tolist() == ["1 unfinished"]
+    assert board_rows(board(half), 6)[["seeds", "best lr", "failures"]].values.tolist() == [[1, "0.01 (high edge)", "1 unfinished"]]
+
+
+def test_the_frontiers_change_with_depth_is_bounded_where_the_grid_censors_it():
+    def rows(*cells):
+        return pd.DataFrame([{"norm": "a", "depth": d, "frontier": f, "where": w} for d, f, w in cells])
+    assert frontier_change(rows((6, 1e-2, ""), (100, 1e-3, ""))) == "0.1x"
+    assert frontier_change(rows((6, 1e-2, "above"), (100, 3e-3, ""))) == "≤ 0.3x"
+    assert frontier_change(rows((6, 3e-3, ""), (100, 1e-2, "above"))) == "≥ 3.33x"
+    assert frontier_change(rows((6, 1e-2, "above"), (100, 1e-2, "above"))) == ""
+    assert frontier_change(rows((6, 1e-2, ""), (100, math.nan, "below"))) == "below the grid at L100"
+    assert frontier_change(rows((6, math.nan, "below"), (100, math.nan, "below"))) == ""
+
+
+def test_untrusted_layers_and_losses_do_not_crash_or_rank():
+    layers = pd.DataFrame({"step": [0, 0], "position": [1, 1], "token_cosine": ["x", 7.0], "run_name": ["a", "b"],
+                           "norm": "a", "depth": 6})
+    assert init_cosine(layers).empty  # text, and a cosine beyond 1, are not measurements
+    runs = pd.DataFrame(grid("a", 6, {1e-3: (1e200, -1e200)}) + grid("b", 6, {1e-3: (3.0, 3.2)}))
+    assert pooled_sd(runs)[6] == pytest.approx(math.sqrt(0.02))  # a's infinite spread left out, b's kept
 
 
 def test_a_scorecard_of_another_battery_is_refused_and_a_known_scheme_is_scored_apart():
@@ -147,8 +200,10 @@ def test_a_new_scheme_is_scored_beside_the_board_through_the_real_cli(tmp_path):
     check_the_study_level_wandb_run(tmp_path / "runs" / "board")
     longer = run_cli("-m", "experiment=scorecard", "norm=pre", *battery, "train.steps=16", cwd=copy)
     assert longer.returncode == 0, longer.stderr[-3000:]
-    assert "Not ranked: this scorecard's battery is not the board's (train.steps: 12, 16 here, 12 on the board)" \
+    assert "Not ranked: pre's battery is not the board's (train.steps: 16 here, 12 on the board)" \
         in longer.stdout
+    for depth in (1, 2):  # one scheme of another battery leaves the others ranked
+        assert f"Depth {depth}: half_branch rank " in longer.stdout
 
 
 def test_a_scorecard_twin_of_a_board_run_keeps_its_own_cosine_at_init():

@@ -159,6 +159,8 @@ def with_summary(frame: pd.DataFrame, row: int, **fields) -> pd.DataFrame:
     (lambda f: pd.concat([f, f], ignore_index=True), "row 2 .*run_name appears twice"),
     (lambda f: with_summary(f, 0, eval_loss=float("inf")), "row 0 .*eval_loss is inf, not finite, in a completed run"),
     (lambda f: with_summary(f, 0, wall_s=-1e5), "row 0 .*wall_s is -100000.0, below 0.0"),
+    # a cross-entropy below 0 ranked first on the board (a reviewer's finding)
+    (lambda f: with_summary(f, 1, eval_loss=-1.0), "row 1 .*eval_loss is -1.0, below 0.0"),
     (lambda f: with_summary(f, 1, norm=SCRIPT), "row 1 .*norm is"),
     (lambda f: with_summary(f, 0, depth="two"), "row 0 .*depth is str, not an integer"),
     (lambda f: f.assign(run_name=["../../../x", "pre-L6-s1"]), "row 0 .*run_name is '../../../x', not a name"),

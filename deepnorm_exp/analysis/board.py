@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .lr_study import LR, capped_losses, lr_summary
+from .escape import md_text
 from .page import Page, Study, charted, markdown_table
 from .steps_to_train import median_steps
 from .tables import norm_depth_table
@@ -43,19 +44,26 @@ if TYPE_CHECKING:
     from .evidence import Evidence
 
 NOISE_SE = 2.0  # standard errors of a difference that make it a ranking
-BATTERY_KEYS = ("train.steps", "train.batch_size", "train.seq_len", "train.schedule", "model.d_model", "data.name")
+# The battery: every model, data and training setting a run records, but the rate (the grid's), the depth and
+# those that change how a run is carried out, not what it computes
+BATTERY_PREFIXES = ("model.", "data.", "train.")
+NOT_BATTERY = frozenset({LR, "model.decoder_depth", "model.activation_checkpointing", "train.log_every",
+                         "train.ckpt_every", "train.keep_checkpoint", "train.compile", "train.parallel",
+                         "train.micro_batch_size", "train.peak_tflops", "train.deterministic"})
+GRID = ("rates", "seeds", "depths")  # what a battery spans rather than shares
 
 
 def pooled_sd(runs: pd.DataFrame) -> pd.Series:
     """Per depth, the seeds' standard deviation pooled over the cells (scheme, rate) whose seeds all completed and
-    trained, two or more of them (NaN where no cell has)."""
+    trained, two or more of them, with a finite spread (NaN where no cell has)."""
     losses = capped_losses(runs)
     out = {}
     for depth, at_depth in losses.groupby("depth"):
         squares, dof = 0.0, 0
         for _, cell in at_depth.groupby(["norm", "lr"]):
-            if len(cell) >= 2 and cell["trained"].all():
-                squares += float(((cell["loss"] - cell["loss"].mean()) ** 2).sum())
+            square = float(((cell["loss"] - cell["loss"].mean()) ** 2).sum())
+            if len(cell) >= 2 and cell["trained"].all() and math.isfinite(square):  # 1e200 losses: no spread
+                squares += square
                 dof += len(cell) - 1
         out[int(depth)] = math.sqrt(squares / dof) if dof else math.nan
     return pd.Series(out, dtype=float, name="pooled_sd")
@@ -76,12 +84,18 @@ def rank_within_noise(rows: pd.DataFrame, sd: float) -> pd.DataFrame:
 
 def frontier_rates(runs: pd.DataFrame) -> pd.DataFrame:
     """Per scheme and depth: the largest grid rate at which every seed trained and none diverged, and where it
-    sits on the grid ("above": the top rate; "below": none)."""
-    losses = capped_losses(runs)
+    sits on the grid ("above": the top rate; "below": none). The grid is every rate its runs tried: a seed
+    that crashed or has not finished is not one that trained."""
+    if runs.empty or LR not in runs:
+        return pd.DataFrame(columns=["norm", "depth", "frontier", "where"])
+    status = runs.get("status", pd.Series(None, index=runs.index))
+    cells = pd.DataFrame({"norm": runs["norm"], "depth": pd.to_numeric(runs["depth"], errors="coerce"),
+                          "lr": pd.to_numeric(runs[LR], errors="coerce"),
+                          "ok": status.eq("completed") & runs.get("trained", pd.Series(False, index=runs.index)).eq(True)})
     rows = []
-    for (norm, depth), group in losses.groupby(["norm", "depth"]):
+    for (norm, depth), group in cells.dropna(subset=["depth", "lr"]).groupby(["norm", "depth"]):
         rates = sorted(group["lr"].unique())
-        stable = [lr for lr, cell in group.groupby("lr") if cell["trained"].all() and not cell["status"].eq("diverged").any()]
+        stable = [lr for lr, cell in group.groupby("lr") if cell["ok"].all()]
         top = max(stable) if stable else math.nan
         where = "below" if not stable else "above" if top == rates[-1] else ""
         rows.append({"norm": norm, "depth": int(depth), "frontier": top, "where": where})
@@ -93,7 +107,9 @@ def init_cosine(layers: pd.DataFrame) -> pd.DataFrame:
     columns = ["norm", "depth", "init_cosine"]
     if layers.empty or "token_cosine" not in layers:
         return pd.DataFrame(columns=columns)
-    at_init = layers[(layers["step"] == 0)].dropna(subset=["token_cosine"])
+    cosine = pd.to_numeric(layers["token_cosine"], errors="coerce")  # raw local layers are not type-checked
+    at_init = layers.assign(token_cosine=cosine.where(cosine.abs() <= 1))
+    at_init = at_init[pd.to_numeric(at_init["step"], errors="coerce") == 0].dropna(subset=["token_cosine"])
     if at_init.empty:
         return pd.DataFrame(columns=columns)
     last = at_init.sort_values("position").groupby(["norm", "depth", "run_name"]).tail(1)  # a scorecard twin shares the name
@@ -103,13 +119,19 @@ def init_cosine(layers: pd.DataFrame) -> pd.DataFrame:
 
 
 def failures(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per scheme and depth: "2 diverged, 1 stuck_on_plateau": how the runs of its grid that did not train ended."""
-    ended = runs[runs["status"].isin(("completed", "diverged"))] if "status" in runs else runs
+    """Per scheme and depth: "2 diverged, 1 stuck_on_plateau, 1 failed": how the runs of its grid that did not
+    train ended (a run that crashed: "failed"; one not finished: "unfinished"; neither has a loss to rank, so
+    the row's seeds are fewer)."""
+    if runs.empty or "status" not in runs:
+        return pd.DataFrame(columns=["norm", "depth", "failures"])
     rows = []
-    for (norm, depth), group in ended.groupby(["norm", "depth"]):
+    for (norm, depth), group in runs.assign(depth=pd.to_numeric(runs["depth"], errors="coerce")).dropna(
+            subset=["depth"]).groupby(["norm", "depth"]):
         failed = group[~(group["trained"].eq(True) & group["status"].eq("completed"))]
-        kinds = np.where(failed["status"].eq("diverged"), "diverged",
-                         failed.get("diagnosis.kind", pd.Series("none", index=failed.index)).fillna("none"))
+        ended = failed["status"].isin(("completed", "diverged"))
+        diagnosis = failed.get("diagnosis.kind", pd.Series("none", index=failed.index)).fillna("none")
+        kinds = np.where(failed["status"].eq("diverged"), "diverged", np.where(
+            ended, diagnosis, np.where(failed["status"].eq("failed"), "failed", "unfinished")))
         counts = pd.Series(kinds, dtype=object).value_counts()
         rows.append({"norm": norm, "depth": int(depth),
                      "failures": ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))})
@@ -120,7 +142,7 @@ def best_rate_steps(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """Per scheme and depth: the median steps-to-train of its seeds at its best rate, and how many trained."""
     rows = []
     for row in summary.itertuples():
-        at = runs[(runs["norm"] == row.norm) & (runs["depth"].astype(int) == row.depth)
+        at = runs[(runs["norm"] == row.norm) & (pd.to_numeric(runs["depth"], errors="coerce") == row.depth)
                   & (pd.to_numeric(runs[LR], errors="coerce") == row.best_lr) & runs["status"].isin(("completed", "diverged"))]
         trained_at = pd.to_numeric(at.get("trained_at_step", pd.Series(np.nan, index=at.index)), errors="coerce")
         rows.append({"norm": row.norm, "depth": row.depth, "steps_to_train": median_steps(trained_at),
@@ -149,8 +171,8 @@ def board(runs: pd.DataFrame, layers: pd.DataFrame = pd.DataFrame()) -> pd.DataF
 
 
 def board_rows(table: pd.DataFrame, depth: int) -> pd.DataFrame:
-    """The page's table at one depth: rank, the loss at the best rate with its standard error, the rate (and
-    the grid's edge), LR sensitivity, steps-to-train, the frontier, the collapse at init and the failures."""
+    """The page's table at one depth: rank, the loss at the best rate with its standard error and the seeds it
+    is the mean of, the rate (and the grid's edge), LR sensitivity, steps-to-train, the frontier, the collapse at init and the failures."""
     rows = table[table["depth"] == depth]
     loss = [f"{r.loss:.3f}" + (f" ± {r.se:.3f}" if math.isfinite(r.se) else "") for r in rows.itertuples()]
     rate = [f"{r.best_lr:g}" + (f" ({r.edge} edge)" if r.edge else "") for r in rows.itertuples()]
@@ -161,34 +183,87 @@ def board_rows(table: pd.DataFrame, depth: int) -> pd.DataFrame:
     cosine = [("" if not math.isfinite(r.init_cosine) else f"{r.init_cosine:.3f}"
                + (" (collapsed)" if r.init_cosine >= COLLAPSED_COSINE else "")) for r in rows.itertuples()]
     return pd.DataFrame({"rank": rows["rank"].to_numpy(), "norm": rows["norm"].to_numpy(), "loss ± se": loss,
-                         "best lr": rate, "lr sensitivity": rows["sensitivity"].round(3).to_numpy(),
+                         "seeds": rows["seeds"].to_numpy(), "best lr": rate, "lr sensitivity": rows["sensitivity"].round(3).to_numpy(),
                          "steps to train": steps, "frontier": frontier, "cosine at init": cosine,
                          "within noise of": rows["ties"].to_numpy(), "failures": rows["failures"].fillna("").to_numpy()})
 
 
+def frontier_change(rows: pd.DataFrame) -> str:
+    """The frontier at the deepest depth over the shallowest, one scheme's rows: "0.1x"; "≥ 1x" where the
+    deepest is the grid's top rate (its frontier may lie above), "≤ 0.3x" where the shallowest is; "" where
+    both are, or the shallowest is below the grid; "below the grid at L100" where the deepest is."""
+    rows = rows.sort_values("depth")
+    first, last = rows.iloc[0], rows.iloc[-1]
+    if len(rows) < 2 or not math.isfinite(first["frontier"]):
+        return ""
+    if not math.isfinite(last["frontier"]):
+        return f"below the grid at L{int(last['depth'])}"
+    floor, ceiling = last["where"] == "above", first["where"] == "above"
+    if floor and ceiling:
+        return ""
+    return ("≥ " if floor else "≤ " if ceiling else "") + f"{last['frontier'] / first['frontier']:.3g}x"
+
+
 def frontier_table(table: pd.DataFrame) -> pd.DataFrame:
-    """norm x depth: the frontier rate (at the grid's resolution), and its change from the shallowest depth."""
-    cells: dict[str, dict[int, str]] = {}
+    """norm x depth: the frontier rate (at the grid's resolution), and its change from the shallowest depth to
+    the deepest (`frontier_change`)."""
+    cells: dict[str, dict] = {}
     for r in table.itertuples():
         cells.setdefault(r.norm, {})[int(r.depth)] = ((f"{r.frontier:g}" if math.isfinite(r.frontier) else "")
                                                       + (f" ({r.where})" if r.where else ""))
-    return norm_depth_table(cells, sorted(cells))
+    frame = norm_depth_table(cells, sorted(cells))
+    frame["change"] = [frontier_change(table[table["norm"] == norm]) for norm in frame.index]
+    return frame
+
+
+def _values(runs: pd.DataFrame, key: str, numeric: bool = False) -> tuple:
+    column = runs.get(key, pd.Series(dtype=object))
+    values = pd.to_numeric(column, errors="coerce").dropna() if numeric else column.dropna().astype(str)
+    return tuple(sorted(values.unique()))
 
 
 def battery(runs: pd.DataFrame) -> dict[str, tuple]:
-    """What a board's runs share and a scorecard must share with them: the budget and data (BATTERY_KEYS), the
-    grid of rates, the seeds and the depths."""
-    shared = {key: tuple(sorted(runs[key].dropna().astype(str).unique())) for key in BATTERY_KEYS if key in runs}
-    shared.update(rates=tuple(sorted(pd.to_numeric(runs[LR], errors="coerce").dropna().unique())),
-                  seeds=tuple(sorted(runs["seed"].unique())), depths=tuple(sorted(runs["depth"].astype(int).unique())))
+    """What a board's runs share and a scorecard must share with them: every model, data and training setting
+    (BATTERY_PREFIXES, less NOT_BATTERY), and the grid of rates, the seeds and the depths."""
+    keys = [c for c in runs.columns if str(c).startswith(BATTERY_PREFIXES) and c not in NOT_BATTERY]
+    shared = {key: _values(runs, key) for key in keys}
+    shared.update(rates=_values(runs, LR, numeric=True), seeds=_values(runs, "seed", numeric=True),
+                  depths=tuple(int(d) for d in _values(runs, "depth", numeric=True)))
     return shared
 
 
+def _listed(values: tuple) -> str:
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
 def battery_differences(board_runs: pd.DataFrame, candidate: pd.DataFrame) -> list[str]:
-    """"train.steps: 200 here, 500 on the board": where a scorecard's battery is not the board's (empty: same)."""
+    """"train.steps: 200 here, 500 on the board": where a scorecard's battery is not the board's (empty: same).
+    A setting one side's records lack is not compared (records written before it existed)."""
     ours, theirs = battery(candidate), battery(board_runs)
-    return [f"{key}: {', '.join(map(str, ours.get(key, ())))} here, {', '.join(map(str, value))} on the board"
-            for key, value in theirs.items() if ours.get(key, ()) != value]
+    return [f"{key}: {_listed(ours[key])} here, {_listed(theirs[key])} on the board"
+            for key in theirs if key in ours and ours[key] != theirs[key]]
+
+
+def mixed_battery(runs: pd.DataFrame) -> list[str]:
+    """"train.steps: 500, 2000": the settings a board's own runs do not share (empty: one battery), whose rows
+    would otherwise pool runs of different budgets as seeds of one cell."""
+    return [f"{key}: {_listed(values)}" for key, values in battery(runs).items() if key not in GRID and len(values) > 1]
+
+
+def stops_once_trained(runs: pd.DataFrame) -> bool:
+    """Runs that stop once trained (train.stop_when_trained) end with no final loss to rank."""
+    return bool(runs.get("train.stop_when_trained", pd.Series(dtype=object)).eq(True).any())
+
+
+def unranked(runs: pd.DataFrame) -> str:
+    """Why `runs` cannot be a board ("" where they can): fewer than two rates, runs that stop once trained, or
+    runs of more than one battery."""
+    if len(_values(runs, LR, numeric=True)) < 2:
+        return "one learning rate"
+    if stops_once_trained(runs):
+        return "its runs stop once trained (train.stop_when_trained): their last losses are no final ones"
+    mixed = mixed_battery(runs)
+    return f"its runs are of more than one battery ({'; '.join(mixed)})" if mixed else ""
 
 
 def board_section(page: Page, evidence: Evidence, name: str) -> None:
@@ -197,12 +272,16 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
     if table.empty:
         page.add("No run has ended yet.")
         return
+    if unranked(runs):
+        page.add(f"Not ranked: {md_text(unranked(runs))}. Another battery runs under its own `experiment_name`.")
+        return
     sds = pooled_sd(runs)
     for depth in sorted(table["depth"].unique()):
         sd = sds.get(int(depth), math.nan)
         spread = (f"the seeds' spread pooled over the depth's trained cells is {sd:.4f}, so a difference ranks only "
                   f"beyond {NOISE_SE:g} standard errors of it" if math.isfinite(sd) else
-                  "no cell of the depth has every seed trained, so the seeds' spread is not known and no difference ranks")
+                  "no cell of the depth has every seed trained (with a finite spread), so the seeds' spread is not known "
+                  "and no difference ranks")
         page.add(f"### Depth {depth}", f"Ranked by the final eval loss at each scheme's best rate (capped at the loss "
                  f"at initialisation); {spread}; equal ranks are within noise.",
                  markdown_table(board_rows(table, int(depth)), index=False))
@@ -212,8 +291,9 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
 
 def board_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
     """The board per depth (`board/L<depth>`) and the grid's frontier against depth."""
-    table = board(evidence.runs(name), evidence.layers(name))
-    if table.empty:
+    runs = evidence.runs(name)
+    table = board(runs, evidence.layers(name))
+    if table.empty or unranked(runs):
         return {}
     out = {f"board/L{depth}": board_rows(table, int(depth)) for depth in sorted(table["depth"].unique())}
     out["frontier_vs_depth"] = charted(table[["norm", "depth", "frontier"]], "depth", "frontier",

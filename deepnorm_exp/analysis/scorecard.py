@@ -4,8 +4,10 @@ by the board's rules (board.py), read from the board's records: nothing of the b
     python -m deepnorm_exp -m experiment=scorecard norm=<name>     # runs it, then prints its rows
     python -m deepnorm_exp.analysis.scorecard runs                 # prints them again from the records
 
-A scheme the board already has is scored under its own name plus " (scorecard)". A scorecard whose battery
-is not the board's (another budget, grid, seeds or depths) is not ranked: the differences are printed instead.
+A scheme the board already has is scored under its own name plus " (scorecard)". A scheme whose scorecard
+battery is not the board's (another setting, grid, seeds or depths) is not ranked: the differences are printed
+instead, and the other schemes scored are ranked. The seeds' spread is pooled over the board's cells and the
+scorecard's together, so the board's own rows may rank a little differently here than on its page.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from .board import battery_differences, board, board_rows
+from .board import battery_differences, board, board_rows, unranked
 from .evidence import Evidence
 from .runs import load_layer_records, load_runs
 from ..sweeps.hydra_callbacks import ComparisonTable
@@ -44,10 +46,16 @@ def scorecard_text(root: str | Path) -> str:
     if board_runs.empty:
         lines.append(f"No board records under {root / BOARD} (python -m deepnorm_exp -m experiment=board): the "
                      "scorecard's rows alone.")
-    else:
-        differences = battery_differences(board_runs, candidate)
-        if differences:
-            return "Not ranked: this scorecard's battery is not the board's (" + "; ".join(differences) + ")."
+    elif unranked(board_runs):
+        return f"Not ranked: the board's records are no board: {unranked(board_runs)}."
+    else:  # each scheme apart: one scored at another battery leaves the others ranked
+        refused = {norm: battery_differences(board_runs, runs) for norm, runs in candidate.groupby("norm")}
+        refused = {norm: differences for norm, differences in refused.items() if differences}
+        lines += [f"Not ranked: {norm}'s battery is not the board's ({'; '.join(differences)})."
+                  for norm, differences in sorted(refused.items())]
+        candidate = candidate[~candidate["norm"].isin(refused)]
+        if candidate.empty:
+            return "\n".join(lines)
     candidate = scored(board_runs, candidate)
     names = set(candidate["norm"])
     runs = pd.concat([board_runs, candidate], ignore_index=True)

@@ -104,6 +104,7 @@ def read_by(check: Check | None, default: Any = None) -> Any:
 
 
 LOSS = number(finite=False)  # non-finite where a run diverged
+CROSS_ENTROPY = number(0.0, finite=False)  # a loss that cannot be negative: one that is would rank first
 COUNT = integer()
 AMOUNT = number(0.0)
 
@@ -121,11 +122,11 @@ class RunSummary:
     steps: Optional[int] = read_by(COUNT)
     steps_completed: int = read_by(COUNT, 0)
     resumed_from_step: Optional[int] = read_by(COUNT)
-    final_loss: Optional[float] = read_by(LOSS)
-    eval_loss: Optional[float] = read_by(LOSS)
+    final_loss: Optional[float] = read_by(CROSS_ENTROPY)
+    eval_loss: Optional[float] = read_by(CROSS_ENTROPY)
     eval_step: Optional[int] = read_by(COUNT)
     eval_weights: Optional[str] = read_by(text_problem)
-    initial_eval_loss: Optional[float] = read_by(LOSS)
+    initial_eval_loss: Optional[float] = read_by(CROSS_ENTROPY)
     optimal_loss: Optional[float] = read_by(AMOUNT)
     unigram_loss: Optional[float] = read_by(AMOUNT)
     excess_loss: Optional[float] = read_by(LOSS)
