@@ -6,7 +6,9 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
 * The battery (conf/experiment/board.yaml): depths 6, 24, 100; a grid of four rates (3e-4 to 1e-2, which holds
   the learning-rate study's best rates of Post-LN, Pre-LN and DeepNorm); two seeds; each run trains the whole
   budget (its final loss is what ranks) unless the divergence rule stops it. A comparison is made only between
-  rows of the same battery (`battery`): a scorecard run at another budget or grid is refused, not ranked.
+  rows of the same battery (`battery`: every model, data and training setting, the grid, seeds and depths): a
+  scorecard run at another budget or grid is refused, not ranked, and so are a board's own runs of two
+  batteries (`unranked`). Revised after a review, before any board run: the battery had been six settings.
 * A scheme's loss at a rate, its best rate, the flag where the best rate is an end of the grid and its LR
   sensitivity are the learning-rate study's (lr_study.py): the final eval loss capped at the loss at
   initialisation (a diverged run counts as its initial loss), the rate of the lowest mean over the seeds.
@@ -17,7 +19,8 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
   ranks are within noise of each other; `ties` names the schemes within noise of each row.
 * Steps-to-train at the best rate: the first evaluation by which half the seeds had learned 10% of the
   unigram-to-optimal gap (steps_to_train.median_steps; censored seeds never trained).
-* Frontier, at the grid's resolution: the largest rate at which every seed trained and none diverged; "above"
+* Frontier, at the grid's resolution: the largest rate at which every seed trained (a crashed or unfinished seed
+  did not) and none diverged; "above"
   where that is the grid's top rate, "below" where no rate is; per scheme its change from the shallowest depth
   to the deepest (the grid's factor bounds what it can show: exact bisection is experiment=frontier_depth's).
 * Collapse at initialisation: the last block's token cosine at step 0 (mean over the runs that recorded it;
