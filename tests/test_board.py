@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from deepnorm_exp.analysis.board import (battery_differences, board, board_rows, failures, frontier_change, frontier_rates,
-                                         init_cosine, mixed_battery, pooled_sd, rank_within_noise, unranked)
+                                         frontier_slopes, grid_brackets, init_cosine, mixed_battery, pooled_sd, rank_within_noise, unranked)
 from deepnorm_exp.analysis.scorecard import MARK, scored
 
 INIT = 5.0
@@ -121,6 +121,31 @@ def test_the_frontiers_change_with_depth_is_bounded_where_the_grid_censors_it():
     assert frontier_change(rows((6, 1e-2, "above"), (100, 1e-2, "above"))) == ""
     assert frontier_change(rows((6, 1e-2, ""), (100, math.nan, "below"))) == "below the grid at L100"
     assert frontier_change(rows((6, math.nan, "below"), (100, math.nan, "below"))) == ""
+
+
+def test_the_frontiers_slope_is_fitted_through_each_seeds_bracket_on_the_grid():
+    """Each seed's bracket: its largest rate trained, the next above at which it did not (a rate below that
+    trained too slowly bounds nothing); the slope through the brackets' geometric midpoints, as np.polyfit."""
+    rates = (3e-4, 1e-3, 3e-3, 1e-2)
+    top = {6: 3e-3, 24: 1e-3, 100: 3e-4}  # the largest rate each depth trains at
+    runs = pd.DataFrame([run("falls", d, lr, s, 3.0 if lr <= top[d] else 4.5, trained=lr <= top[d],
+                             kind=None if lr <= top[d] else "stuck_on_plateau")
+                         for d in top for lr in rates for s in (0, 1)]
+                        + [run("slow", 6, 3e-4, 0, 4.5, trained=False), run("slow", 6, 1e-3, 0, 3.0),
+                           run("slow", 6, 3e-3, 0, 4.5, trained=False), run("slow", 6, 1e-2, 0, 4.6, status="diverged",
+                                                                            trained=False)])
+    brackets = grid_brackets(runs).set_index(["norm", "depth", "seed"])
+    assert tuple(brackets.loc[("slow", 6, 0)]) == (1e-3, 3e-3)
+    assert tuple(brackets.loc[("falls", 100, 1)]) == (3e-4, 1e-3)
+    (falls,) = frontier_slopes(runs[runs["norm"] == "falls"]).itertuples()
+    depths = np.log([6, 24, 100])
+    midpoints = np.log([math.sqrt(3e-3 * 1e-2), math.sqrt(1e-3 * 3e-3), math.sqrt(3e-4 * 1e-3)])
+    assert falls.slope == pytest.approx(np.polyfit(depths, midpoints, 1)[0]) and falls.slope < -0.7
+    assert falls.slope_low <= falls.slope <= falls.slope_high and falls.cells == 6 and falls.censored == 0
+    stable_everywhere = pd.DataFrame(grid("flat", 6, {1e-3: (3.0, 3.0), 1e-2: (3.0, 3.0)})
+                                     + grid("flat", 24, {1e-3: (3.0, 3.0), 1e-2: (3.0, 3.0)}))
+    (flat,) = frontier_slopes(stable_everywhere).itertuples()
+    assert math.isnan(flat.slope) and flat.censored == 4 and flat.censored_depths == "6, 24"
 
 
 def test_untrusted_layers_and_losses_do_not_crash_or_rank():

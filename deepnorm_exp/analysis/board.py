@@ -22,7 +22,9 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
 * Frontier, at the grid's resolution: the largest rate at which every seed trained (a crashed or unfinished seed
   did not) and none diverged; "above"
   where that is the grid's top rate, "below" where no rate is; per scheme its change from the shallowest depth
-  to the deepest (the grid's factor bounds what it can show: exact bisection is experiment=frontier_depth's).
+  to the deepest (the grid's factor bounds what it can show: exact bisection is experiment=frontier_depth's),
+  and its slope against depth, log(frontier) on log(depth), fitted through each seed's bracket on the grid
+  (frontier_law.py's fit and interval; added after a review, before any board run).
 * Collapse at initialisation: the last block's token cosine at step 0 (mean over the runs that recorded it;
   the diagnosis calls 0.99 or more collapsed).
 * Failures: the diagnosis of every run of the scheme's grid at the depth that did not train.
@@ -38,6 +40,7 @@ import pandas as pd
 
 from .lr_study import LR, capped_losses, lr_summary
 from .escape import md_text
+from .frontier_law import fit_frontier_law
 from .page import Page, Study, charted, markdown_table
 from .steps_to_train import median_steps
 from .tables import norm_depth_table
@@ -103,6 +106,34 @@ def frontier_rates(runs: pd.DataFrame) -> pd.DataFrame:
         where = "below" if not stable else "above" if top == rates[-1] else ""
         rows.append({"norm": norm, "depth": int(depth), "frontier": top, "where": where})
     return pd.DataFrame(rows, columns=["norm", "depth", "frontier", "where"])
+
+
+def grid_brackets(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per scheme, depth and seed, the bracket the grid puts around the seed's frontier: the largest rate at
+    which it trained without diverging (`max_stable_lr`) and the smallest rate above that at which it did not
+    (`min_unstable_lr`; a rate below it that trained too slowly bounds nothing); NaN where no rate is on that
+    side (censored). Runs that crashed or have not finished measure nothing and are left out."""
+    columns = ["norm", "depth", "seed", "max_stable_lr", "min_unstable_lr"]
+    ended = capped_losses(runs)
+    rows = []
+    for (norm, depth, seed), cell in ended.groupby(["norm", "depth", "seed"]):
+        stable = cell["trained"] & cell["status"].eq("completed")
+        lo = cell.loc[stable, "lr"].max()
+        above = cell.loc[~stable & (cell["lr"] > lo if math.isfinite(lo) else True), "lr"]
+        rows.append({"norm": norm, "depth": int(depth), "seed": seed, "max_stable_lr": lo, "min_unstable_lr": above.min()})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def frontier_slopes(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per scheme, the slope of log(frontier) on log(depth) through the grid's brackets (frontier_law.py's fit:
+    its 95% interval over the brackets and the seeds; censored cells left out and their depths listed)."""
+    brackets = grid_brackets(runs)
+    if brackets.empty:
+        return pd.DataFrame()
+    law = fit_frontier_law(brackets)
+    law["censored_depths"] = law["censored_depths"].map(lambda ds: ", ".join(map(str, ds)))
+    law["depths"] = law["depths"].map(lambda ds: ", ".join(map(str, ds)))
+    return law[["norm", "slope", "slope_low", "slope_high", "cells", "censored", "censored_depths", "depths"]]
 
 
 def init_cosine(layers: pd.DataFrame) -> pd.DataFrame:
@@ -290,6 +321,12 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
                  markdown_table(board_rows(table, int(depth)), index=False))
     page.add("The frontier per depth (the largest grid rate at which every seed trained and none diverged):",
              markdown_table(frontier_table(table)))
+    slopes = frontier_slopes(runs)
+    if not slopes.empty:
+        page.add("The frontier's slope against depth, log(frontier) on log(depth), per scheme through each seed's "
+                 "bracket on the grid (the largest rate it trained at, the next above at which it did not: a factor "
+                 "of about 3.3, so the 95% interval is wide; `experiment=frontier_depth` bisects exactly):",
+                 markdown_table(slopes, index=False))
 
 
 def board_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
@@ -299,6 +336,7 @@ def board_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
     if table.empty or unranked(runs):
         return {}
     out = {f"board/L{depth}": board_rows(table, int(depth)) for depth in sorted(table["depth"].unique())}
+    out["frontier/slopes"] = frontier_slopes(runs)
     out["frontier_vs_depth"] = charted(table[["norm", "depth", "frontier"]], "depth", "frontier",
                                        "largest rate of the grid at which every seed trained, against depth")
     return out
