@@ -223,6 +223,7 @@ def test_a_new_scheme_is_scored_beside_the_board_through_the_real_cli(tmp_path):
     report = build_report(tmp_path / "runs" / "board")  # report.html gets the board (what it read: escaped)
     assert "<h2>Each scheme at its own best rate</h2>" in report and 'id="board-L2"' in report
     check_the_study_level_wandb_run(tmp_path / "runs" / "board")
+    check_the_frontier_bisected_inside_the_boards_brackets(tmp_path, copy)
     longer = run_cli("-m", "experiment=scorecard", "norm=pre", *battery, "train.steps=16", cwd=copy)
     assert longer.returncode == 0, longer.stderr[-3000:]
     assert "Not ranked: pre's battery is not the board's (train.steps: 16 here, 12 on the board)" \
@@ -236,6 +237,34 @@ def test_a_scorecard_twin_of_a_board_run_keeps_its_own_cosine_at_init():
     layers = pd.DataFrame({"step": 0, "position": [0, 1, 0, 1], "token_cosine": [0.1, 0.5, 0.1, 0.7],
                            "run_name": "pre-L6-s0", "norm": ["pre", "pre", "pre" + MARK, "pre" + MARK], "depth": 6})
     assert init_cosine(layers)["init_cosine"].tolist() == [0.5, 0.7]
+
+
+def check_the_frontier_bisected_inside_the_boards_brackets(tmp_path, copy):
+    """experiment=board_frontier starts each cell inside the bracket the board's grid put around it (no probe at
+    a rate the grid tried); a board of another battery is refused in one line before any run."""
+    import json
+
+    from conftest import TINY, run_cli
+
+    battery = [*TINY, "depth=2,1", "seed=0,1", "train.steps=12", "train.eval_every=4", "metrics.layer_every=12",
+               "hydra.launcher.n_jobs=2", "threads=1", f"paths.runs={tmp_path / 'runs'}", "norm=pre,post"]
+    other = run_cli("-m", "experiment=board_frontier", *battery, "train.steps=16", cwd=copy)
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert other.stderr.strip().splitlines()[-1].startswith(
+        f"deepnorm_exp: error: hydra.sweeper.prior={tmp_path / 'runs' / 'board'} is invalid: its runs are another "
+        "battery (train.steps: 12 there, 16 here)")
+    assert not (tmp_path / "runs" / "board_frontier").exists()
+    made = run_cli("-m", "experiment=board_frontier", *battery, cwd=copy)
+    assert made.returncode == 0, made.stderr[-3000:]
+    report = json.loads((tmp_path / "runs" / "board_frontier" / "frontier.json").read_text())
+    assert report["prior"] == str(tmp_path / "runs" / "board") and len(report["cells"]) == 8
+    grid = {1e-3, 1e-2}
+    for cell in report["cells"]:
+        assert cell["prior"] and not grid & {probe["lr"] for probe in cell["probes"]}, cell
+        known = [p["lr"] for p in cell["prior"]]
+        if len(known) == 2:  # bracketed by the grid: every probe inside
+            assert all(known[0] < probe["lr"] < known[1] for probe in cell["probes"]), cell
+    assert report["runs_spent"] == sum(cell["runs"] for cell in report["cells"])
 
 
 def check_the_study_level_wandb_run(root):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from deepnorm_exp.sweeps.frontier import grid_runs, search
+from deepnorm_exp.sweeps.frontier import grid_runs, prior_brackets, search
 
 
 def planted(thresholds):
@@ -48,6 +48,36 @@ def test_a_failed_probe_stops_its_cell_only_and_is_counted_and_listed_with_its_e
     assert broken["runs"] == 1 and broken["probes"] == [{"lr": 0.1, "stable": None, "error": "RuntimeError: boom"}]
     assert "RuntimeError: boom" in broken["error"]
     assert cells["fine"].stable <= 1e-2 < cells["fine"].unstable
+
+
+def test_a_prior_bracket_starts_the_search_inside_it_and_costs_no_probe():
+    """The board's grid (3e-4, 1e-3, 3e-3, 1e-2) already brackets each cell: the bisection starts there."""
+    grid = (3e-4, 1e-3, 3e-3, 1e-2)
+    thresholds = {"inside": 2e-3, "above": 0.02, "below": 1e-4, "too slow low": 5e-3}
+    seen = {key: [(lr, lr <= t) for lr in grid] for key, t in thresholds.items()}
+    seen["too slow low"][0] = (3e-4, False)  # trained too slowly at the lowest rate: no bound on the frontier
+    prior = {key: prior_brackets(outcomes) for key, outcomes in seen.items()}
+    assert prior["inside"] == [(1e-3, True), (3e-3, False)] and prior["above"] == [(1e-2, True)]
+    assert prior["below"] == [(3e-4, False)] and prior["too slow low"] == [(3e-3, True), (1e-2, False)]
+    probe, calls = planted(thresholds)
+    cells = {c.key: c for c in search(list(thresholds), 1e-4, 3e-2, 2.05, probe, prior)}
+    inside = cells["inside"].result()
+    assert inside["runs"] == 1 and inside["probes"] == [{"lr": pytest.approx(math.sqrt(3e-6)), "stable": True}]
+    assert inside["prior"] == [{"lr": 1e-3, "stable": True}, {"lr": 3e-3, "stable": False}]
+    assert (cells["inside"].stable, cells["inside"].unstable) == (pytest.approx(math.sqrt(3e-6)), 3e-3)
+    assert [p["lr"] for p in cells["above"].result()["probes"]][0] == 3e-2  # the open end first: the range's top
+    assert [p["lr"] for p in cells["below"].result()["probes"]][0] == 1e-4  # and its bottom
+    assert (cells["too slow low"].stable, cells["too slow low"].unstable) == (3e-3, pytest.approx(math.sqrt(3e-5)))
+    assert sum(len(batch) for batch in calls) == sum(c.result()["runs"] for c in cells.values())
+    settled = search(["top"], 1e-4, 1e-2, 2.05, planted({"top": 1.0})[0], {"top": [(1e-2, True)]})
+    assert settled[0].result()["runs"] == 0  # stable at the range's top already: at or above it
+
+
+def test_without_a_prior_the_search_probes_as_before():
+    probe, calls = planted({"cell": 3e-3})
+    (with_empty,) = search(["cell"], 1e-4, 1e-1, 2.0, probe, {"cell": []})
+    (without,) = search(["cell"], 1e-4, 1e-1, 2.0, planted({"cell": 3e-3})[0])
+    assert with_empty.result() == without.result() and "prior" not in without.result()
 
 
 class FakeLauncher:

@@ -46,7 +46,7 @@ def role_std(block, role) -> float:
 
 def test_every_scheme_has_a_row_in_the_zoo_table_and_a_place_in_the_zoo_sweep_and_the_board():
     page = (deepnorm_exp.config.CONF_DIR.parent / "docs" / "schemes.md").read_text()
-    for preset in ("zoo_depth_sweep", "board"):
+    for preset in ("zoo_depth_sweep", "protocols/board_schemes"):
         sweep = (deepnorm_exp.config.CONF_DIR / "experiment" / f"{preset}.yaml").read_text()
         swept = next(line for line in sweep.splitlines() if line.strip().startswith("norm:")).split(":")[1].split()[0]
         assert set(swept.split(",")) == set(SCHEMES.names()), preset

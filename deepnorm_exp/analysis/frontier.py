@@ -113,3 +113,8 @@ FRONTIER = Study("frontier_depth", "Stability frontier across depth",
                  "Per scheme, depth and seed, the largest learning rate that trains, found by bisection "
                  "(hydra/sweeper=frontier), and the law log(max lr) = a + b log(depth) fitted per scheme.",
                  frontier_section, "frontier", frontier_block, dashboard=frontier_dashboard)
+BOARD_FRONTIER = Study("board_frontier", "The board's frontier, bisected",
+                       "Per scheme, depth and seed, the largest learning rate that trains under the board's battery, "
+                       "found by bisection that starts inside the bracket the board's grid put around it "
+                       "(hydra.sweeper.prior), and the law fitted per scheme.", frontier_section,
+                       dashboard=frontier_dashboard)

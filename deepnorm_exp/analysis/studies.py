@@ -13,5 +13,6 @@ STUDIES: list[Study] = [
     early_window.EARLY_UPDATE, steps_to_train.THOUSAND_LAYERS,
     model_update.DECODER, model_update.LOW_LR, model_update.THOUSAND_LAYERS,
     warmup.LOW_LR, warmup.QUICK_RATE, mitigations.MITIGATIONS, frontier.FRONTIER,
-    depth_sweep.DECODER, depth_sweep.ENCDEC, depth_sweep.GPU, depth_sweep.QUICKSTART, board.BOARD, depth_sweep.ZOO,
+    depth_sweep.DECODER, depth_sweep.ENCDEC, depth_sweep.GPU, depth_sweep.QUICKSTART, board.BOARD, frontier.BOARD_FRONTIER,
+    depth_sweep.ZOO,
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 
 def finished_stable(status: str, trained, stable_if: str) -> bool:
@@ -31,18 +31,26 @@ class Cell:
     unstable: float | None = None
     probes: list[tuple[float, bool | None, str | None]] = field(default_factory=list)  # lr, stable, error
     error: str | None = None
+    prior: list[tuple[float, bool]] = field(default_factory=list)  # what earlier runs saw: no probe of this search
+
+    def _tried(self, lr: float) -> bool:
+        return any(seen == lr for seen, _, _ in self.probes) or any(seen == lr for seen, _ in self.prior)
+
+    def know(self, lr: float, stable: bool) -> None:
+        """An earlier run's outcome at `lr` (a grid's, `prior_brackets`): it bounds the search as a probe does
+        and costs none."""
+        self.prior.append((lr, stable))
+        self._bound(lr, stable)
 
     def next_lr(self) -> float | None:
         """The rate to probe next, or None when the cell is settled."""
         if self.error is not None:
             return None
-        if not self.probes:
-            return self.hi  # the optimistic end first: a stable hi settles the cell at once
-        if self.unstable is None:
-            return None  # hi was stable: the frontier is at or above the range
-        if self.stable is None:
-            tried_lo = any(lr == self.lo for lr, _, _ in self.probes)
-            return None if tried_lo else self.lo  # lo unstable too: the frontier is below
+        if self.unstable is None:  # the optimistic end first: a stable hi settles the cell at once
+            settled = self._tried(self.hi) or (self.stable is not None and self.stable >= self.hi)
+            return None if settled else self.hi  # at or above the range
+        if self.stable is None:  # unstable at the low end too: the frontier is below the range
+            return None if self._tried(self.lo) or self.unstable <= self.lo else self.lo
         if self.unstable / self.stable <= self.resolution:
             return None
         # Bisection on a log scale at the exact midpoint (no rounding: rounded rates made two brackets that
@@ -57,6 +65,9 @@ class Cell:
             self.error = f"the run at lr {lr:g} failed: {stable}"
             return
         self.probes.append((lr, stable, None))
+        self._bound(lr, stable)
+
+    def _bound(self, lr: float, stable: bool) -> None:
         if stable:
             self.stable = lr if self.stable is None else max(self.stable, lr)
         else:
@@ -66,6 +77,7 @@ class Cell:
         return {"max_stable_lr": self.stable, "min_unstable_lr": self.unstable, "runs": len(self.probes),
                 "probes": [{"lr": lr, "stable": ok, **({"error": error} if error else {})}
                            for lr, ok, error in self.probes],
+                **({"prior": [{"lr": lr, "stable": ok} for lr, ok in self.prior]} if self.prior else {}),
                 "error": self.error}
 
 
@@ -74,12 +86,27 @@ def grid_runs(lo: float, hi: float, resolution: float) -> int:
     return math.ceil(math.log(hi / lo) / math.log(resolution) - 1e-9) + 1
 
 
+def prior_brackets(outcomes: Sequence[tuple[float, bool]]) -> list[tuple[float, bool]]:
+    """What a grid's runs of one cell say of its frontier, as (lr, stable) to `Cell.know`: the largest rate seen
+    stable and the smallest seen unstable above it. An unstable rate below a stable one (a run too slow to
+    train in the budget) bounds nothing a frontier means, so it is left out rather than closing the bracket."""
+    stable = [lr for lr, ok in outcomes if ok]
+    top = max(stable) if stable else None
+    above = [lr for lr, ok in outcomes if not ok and (top is None or lr > top)]
+    return ([(top, True)] if top is not None else []) + ([(min(above), False)] if above else [])
+
+
 def search(keys: Sequence[Hashable], lo: float, hi: float, resolution: float,
-           probe: Callable[[list[tuple[Hashable, float]]], list[bool | str]]) -> list[Cell]:
+           probe: Callable[[list[tuple[Hashable, float]]], list[bool | str]],
+           prior: Mapping[Hashable, Sequence[tuple[float, bool]]] | None = None) -> list[Cell]:
     """Bisect every cell at once: each round probes one rate per unsettled cell (a batch the launcher can
     run in parallel). `probe` returns, per (cell key, lr), whether the run was stable, or the error of a
-    run that failed (a string)."""
+    run that failed (a string). `prior`: per cell key, (lr, stable) that earlier runs saw (`prior_brackets`),
+    where the search starts instead of the range's ends."""
     cells = [Cell(key, lo, hi, resolution) for key in keys]
+    for cell in cells:
+        for lr, stable in (prior or {}).get(cell.key, ()):
+            cell.know(lr, stable)
     while True:
         batch = [(cell, cell.next_lr()) for cell in cells]
         batch = [(cell, lr) for cell, lr in batch if lr is not None]

@@ -7,7 +7,9 @@ The sweep's other axes (here norm x depth) form the cells; in each, learning rat
 and records, launched by whatever launcher is configured, one batch per bisection round) until the largest
 stable rate and the smallest unstable one are within a factor `resolution`. `frontier.json` in the sweep
 directory lists, per cell, the max stable lr, the runs spent, and what a grid of the same resolution would
-have cost. The search itself is deepnorm_exp/sweeps/frontier.py.
+have cost. `hydra.sweeper.prior=runs/board` starts each cell inside the bracket a grid's runs of it already
+put around its frontier (same battery, checked before any probe). The search itself is
+deepnorm_exp/sweeps/frontier.py.
 """
 
 # No `from __future__ import annotations`: Hydra's plugin scan imports this module without registering it
@@ -40,6 +42,9 @@ class FrontierSweeperConf:
     resolution: float = 1.5  # stop when (smallest unstable) / (largest stable) <= this
     stable_if: str = "completed"  # completed: not diverged; trained: completed and learned (summary.trained)
     max_batch_size: Optional[int] = None  # probes one launch starts at most (null: a round's all at once)
+    # a study's runs (runs/board) whose runs of each cell, at the same battery, bracket its frontier before any
+    # probe: the search starts inside that bracket instead of at the range's ends (null: none)
+    prior: Optional[str] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="frontier", node=FrontierSweeperConf,
@@ -60,7 +65,7 @@ class FrontierSweeper(Sweeper):
             raise ValueError(f"hydra.sweeper.stable_if={stable_if}: choose completed or trained")
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"hydra.sweeper.max_batch_size={max_batch_size}: must be >= 1, or null")
-        self.max_batch_size = max_batch_size
+        self.max_batch_size, self.prior = max_batch_size, conf.prior
         self.params, self.key = dict(params or {}), key
         self.lr_min, self.lr_max, self.resolution, self.stable_if = lr_min, lr_max, resolution, stable_if
         self.config: Optional[DictConfig] = None
@@ -105,7 +110,20 @@ class FrontierSweeper(Sweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         axes = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         check_owned_keys(self.key, axes)
-        return split_sweep(parser.parse_overrides(axes))
+        jobs = split_sweep(parser.parse_overrides(axes))
+        self._prior([tuple(job) for job in jobs])  # refused here, before any compute, where it cannot be read
+        return jobs
+
+    def _prior(self, cells: List[tuple]) -> Dict[tuple, list]:
+        """Per cell, the bracket `prior`'s runs of the same cell put around its frontier (sweeps/frontier.py:
+        prior_brackets), judged by this sweep's `stable_if`; {} without a prior."""
+        if not self.prior:
+            return {}
+        from deepnorm_exp.sweeps.frontier import prior_brackets
+        from deepnorm_exp.analysis.frontier_prior import prior_outcomes
+
+        return {cell: prior_brackets(outcomes) for cell, outcomes in
+                prior_outcomes(Path(self.prior), cells, self.key, self.stable_if, self.config).items()}
 
     def sweep(self, arguments: List[str]) -> Any:
         from deepnorm_exp.sweeps.frontier import grid_runs, search
@@ -128,11 +146,11 @@ class FrontierSweeper(Sweeper):
                 outcomes += [self._stable(result) for result in results]
             return outcomes
 
-        found = search(cells, self.lr_min, self.lr_max, self.resolution, probe)
+        found = search(cells, self.lr_min, self.lr_max, self.resolution, probe, self._prior(cells))
         per_cell_grid = grid_runs(self.lr_min, self.lr_max, self.resolution)
         report = {
             "key": self.key, "lr_min": self.lr_min, "lr_max": self.lr_max, "resolution": self.resolution,
-            "stable_if": self.stable_if,
+            "stable_if": self.stable_if, **({"prior": self.prior} if self.prior else {}),
             "cells": [{**dict(o.split("=", 1) for o in cell.key), "overrides": list(cell.key), **cell.result()}
                       for cell in found],
             "runs_spent": launched, "grid_runs": per_cell_grid * len(found),
