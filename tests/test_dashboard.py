@@ -113,6 +113,28 @@ def test_hostile_records_go_to_the_table_as_text():
     import wandb
 
     wandb.Table(dataframe=out)  # W&B's type check accepts every column
+    odd = wandb_frame(pd.DataFrame({"flag": pd.array([True, None], dtype="boolean"), "cell": [np.zeros(2), None]}))
+    assert odd["flag"].tolist() == ["True", ""] and odd["cell"].tolist() == ["[0. 0.]", ""]  # pd.NA raised
+
+
+def test_a_bisections_probes_and_runs_of_two_batteries_get_no_rate_or_loss_views():
+    grid = pd.concat([hand_runs(), hand_runs().assign(**{"train.lr": 3e-3})], ignore_index=True)
+    assert set(every_study_tables(grid, bisection=True)) <= {"runs", "diagnoses"}
+    two = pd.concat([hand_runs(), hand_runs().assign(**{"train.steps": 2000, "run_name": "other"})], ignore_index=True)
+    assert set(every_study_tables(two.assign(**{"train.steps": two["train.steps"].fillna(500)}))) <= {"runs", "diagnoses"}
+
+
+def test_all_studies_skip_one_with_no_ended_run_and_go_on(tmp_path, capsys):
+    from deepnorm_exp.analysis.dashboard import main
+
+    shutil.copytree(REPO / "runs" / "frontier_depth" / "published", tmp_path / "runs" / "frontier_depth" / "published")
+    unfinished = tmp_path / "runs" / "steps_to_train" / "post-L6-s0"  # a sweep under way: a run with a config only
+    unfinished.mkdir(parents=True)
+    (unfinished / "config.yaml").write_text(
+        "experiment_name: steps_to_train\nnorm: {name: post}\ndepth: 6\nseed: 0\n")
+    main(["--all", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    assert "steps_to_train: no run has ended yet, skipped" in out and "frontier_depth/wandb" in out
 
 
 def test_the_command_without_a_study_is_one_line_and_exit_2():

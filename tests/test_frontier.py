@@ -1,7 +1,9 @@
 """The stability-frontier search, on planted thresholds."""
 
 import math
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from deepnorm_exp.sweeps.frontier import grid_runs, prior_brackets, search
@@ -71,6 +73,23 @@ def test_a_prior_bracket_starts_the_search_inside_it_and_costs_no_probe():
     assert sum(len(batch) for batch in calls) == sum(c.result()["runs"] for c in cells.values())
     settled = search(["top"], 1e-4, 1e-2, 2.05, planted({"top": 1.0})[0], {"top": [(1e-2, True)]})
     assert settled[0].result()["runs"] == 0  # stable at the range's top already: at or above it
+
+
+def test_a_prior_outside_the_range_bounds_it_at_its_ends_or_not_at_all():
+    """A reviewer's cases: a prior stable at 0.1 over a range ending at 3e-2 reported max_stable_lr 0.1 with no
+    run; stable at 3e-2 and unstable at 0.1 probed 0.0548, outside the range."""
+    def run(prior, lo=1e-3, hi=3e-2, threshold=1.0):
+        (cell,) = search(["c"], lo, hi, 2.05, planted({"c": threshold})[0], {"c": prior})
+        return cell
+    above = run([(0.1, True)])
+    assert (above.stable, above.result()["runs"]) == (3e-2, 0)
+    assert above.result()["prior"] == [{"lr": 3e-2, "stable": True, "seen_at": 0.1}]
+    edge = run([(3e-2, True), (0.1, False)])  # the unstable rate above the range bounds nothing: settled at hi
+    assert (edge.stable, edge.unstable, edge.result()["runs"]) == (3e-2, None, 0)
+    below = run([(3e-4, False)])
+    assert (below.stable, below.unstable, below.result()["runs"]) == (None, 1e-3, 0)
+    low_stable = run([(3e-4, True), (3e-3, False)], threshold=2e-3)  # stable below lo: no bound; lo probed
+    assert [p["lr"] for p in low_stable.result()["probes"]][0] == 1e-3 and low_stable.stable >= 1e-3
 
 
 def test_without_a_prior_the_search_probes_as_before():
@@ -186,3 +205,50 @@ def test_the_bisection_probes_exact_midpoints_and_the_runs_use_them(tmp_path):
     used = [float(dict(o.split("=", 1) for o in job)["train.lr"]) for batch in sweep.launcher.launches for job in batch]
     assert used[:3] == [1e-1, 1e-4, math.sqrt(1e-4 * 1e-1)]  # the ends, then the exact geometric midpoint
     assert used == [probe["lr"] for probe in report["cells"][0]["probes"]]  # what ran is what the report says
+
+
+# -- hydra.sweeper.prior: which of an earlier study's runs bracket each cell ---------------------------------
+def prior_runs(**battery):
+    """A two-scheme grid at depths 6 and 24, seeds 0 and 1: post trains up to 1e-3, pre up to 1e-2."""
+    top = {"post": 1e-3, "pre": 1e-2}
+    return pd.DataFrame([{"norm": norm, "depth": depth, "seed": seed, "train.lr": lr, "status": "completed",
+                          "trained": lr <= top[norm], "train.steps": 500, "experiment": "board", "paths.runs": "/else",
+                          "threads": 2, **battery}
+                         for norm in top for depth in (6, 24) for seed in (0, 1) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])
+
+
+def outcomes_of(monkeypatch, runs, cells, **config):
+    from omegaconf import OmegaConf
+
+    from deepnorm_exp.analysis import frontier_prior
+    from deepnorm_exp.analysis.evidence import Evidence
+
+    monkeypatch.setattr(Evidence, "runs", lambda self, study: runs)
+    base = {"norm": {"name": "post"}, "depth": 6, "seed": 0, "train": {"steps": 500}, **config}
+    return frontier_prior.prior_outcomes(Path("runs/board"), cells, "train.lr", "trained", OmegaConf.create(base))
+
+
+def test_a_cell_reads_only_its_own_schemes_depths_and_seeds_runs_even_where_the_sweep_does_not_vary_them(monkeypatch):
+    """A reviewer's case: `norm=post` alone (one value, so no axis) pooled every scheme's runs into each cell."""
+    cells = [("experiment=board_frontier", "norm=post", "depth=24", f"seed={s}", "threads=1") for s in (0, 1)]
+    read = outcomes_of(monkeypatch, prior_runs(), cells)
+    for cell in cells:
+        assert sorted(read[cell]) == [(3e-4, True), (1e-3, True), (3e-3, False), (1e-2, False)]
+    no_norm = [("depth=6",)]  # the scheme and seed from the sweep's config: post, seed 0
+    assert len(outcomes_of(monkeypatch, prior_runs(), no_norm)[no_norm[0]]) == 4
+
+
+def test_a_prior_of_another_or_of_two_batteries_is_refused_unless_the_sweep_varies_that_setting(monkeypatch):
+    from deepnorm_exp.errors import ConfigError
+
+    cells = [("norm=post", "depth=6", "seed=0")]
+    with pytest.raises(ConfigError, match=r"another battery \(train\.steps: 500 there, 200 here\)"):
+        outcomes_of(monkeypatch, prior_runs(), cells, train={"steps": 200})
+    with pytest.raises(ConfigError, match=r"another battery \(train\.grad_clip: 1\.0 there, None here\)"):
+        outcomes_of(monkeypatch, prior_runs(**{"train.grad_clip": 1.0}), cells)
+    two = pd.concat([prior_runs(), prior_runs(**{"train.steps": 2000})], ignore_index=True)
+    with pytest.raises(ConfigError, match=r"train\.steps: 2000, 500 there, runs of more than one battery"):
+        outcomes_of(monkeypatch, two, cells)
+    swept = [("norm=post", "depth=6", "seed=0", f"train.steps={steps}") for steps in (500, 2000)]
+    read = outcomes_of(monkeypatch, two, swept)  # the sweep varies it: each cell reads its own budget's runs
+    assert [len(read[cell]) for cell in swept] == [4, 4]

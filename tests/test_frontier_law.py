@@ -48,6 +48,9 @@ def test_open_brackets_are_censored_and_one_depth_gives_no_slope():
     rows[2]["max_stable_lr"] = rows[2]["min_unstable_lr"] = None  # a failed probe: an error, not a bound
     fit = fit_frontier_law(pd.DataFrame(rows)).iloc[0]
     assert (fit.cells, fit.censored, fit.errors, fit.censored_depths) == (7, 2, 1, [6])
+    rows[3]["error"] = "the run at lr 0.0173 failed: OOM"  # a prior's bracket, then a failed probe: an error too
+    fit = fit_frontier_law(pd.DataFrame(rows)).iloc[0]
+    assert (fit.cells, fit.censored, fit.errors) == (6, 2, 2)
     single = fit_frontier_law(pd.DataFrame(cells("pre", 0.0, depths=(6,)))).iloc[0]
     assert math.isnan(single.slope) and single.depths == [6]
 

@@ -7,8 +7,9 @@ the study's tables and the charts W&B's run charts cannot draw, a config value o
     python -m deepnorm_exp.analysis.dashboard --all runs                     # every study with records
 
 Every study gets its runs (one row each), its diagnoses, and either the loss against the rate per depth (a study
-with a grid of rates) or its comparison and the loss against depth (one rate), unless its runs stop once trained
-(`train.stop_when_trained`: their last losses are no final ones); a study adds its own tables by its
+with a grid of rates) or its comparison and the loss against depth (one rate, two depths or more), unless its
+runs are a bisection's probes, stop once trained (`train.stop_when_trained`: their last losses are no final
+ones) or are of more than one battery; a study adds its own tables by its
 `Study.dashboard` (the board per depth, the frontier, steps-to-train). A frame's `attrs["chart"]`, (x, y, title),
 draws it as a line per scheme. Every value comes from the study's records (its published records where it has
 them), read as untrusted: text columns are written as text, number columns as numbers.
@@ -21,27 +22,28 @@ from pathlib import Path
 
 import pandas as pd
 
+from .board import mixed_battery, stops_once_trained
 from .evidence import Evidence
 from .page import charted
 from .lr_study import LR, lr_curves
-from .runs import outcomes
+from .runs import is_missing, outcomes
 from .studies import STUDIES
 from .tables import comparison_table, diagnosis_table
 
 RUN_COLUMNS = ["run_name", "norm", "depth", "model.encoder_depth", LR, "seed", "status", "trained", "trained_at_step",
                "initial_eval_loss", "eval_loss", "steps", "diagnosis.kind"]
-STOPPED_WHEN_TRAINED = "train.stop_when_trained"
 
 
-def every_study_tables(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+def every_study_tables(runs: pd.DataFrame, bisection: bool = False) -> dict[str, pd.DataFrame]:
     """What every study shows: its runs and diagnoses, and the loss against rate (a grid of rates) or its
-    comparison and the loss against depth (one rate)."""
+    comparison and the loss against depth (one rate); neither for a bisection's probes (`bisection`: each cell
+    tried its own rates), runs that stop once trained, or runs of more than one battery."""
     out = {"runs": runs[[c for c in RUN_COLUMNS if c in runs]].reset_index(drop=True)}
     diagnoses = diagnosis_table(runs)
     if not diagnoses.empty:
         out["diagnoses"] = diagnoses.reset_index()
-    if runs.get(STOPPED_WHEN_TRAINED, pd.Series(dtype=object)).eq(True).any():
-        return out  # a run stopped once it had trained: its last loss is no final loss to compare
+    if bisection or stops_once_trained(runs) or mixed_battery(runs):
+        return out  # no grid; no final losses (a run stopped once trained); or other protocols pooled
     rates = pd.to_numeric(runs[LR], errors="coerce").dropna().unique() if LR in runs else []
     if len(rates) > 1:
         curves = lr_curves(runs)
@@ -65,7 +67,7 @@ def study_tables(evidence: Evidence, study: str) -> dict[str, pd.DataFrame]:
     runs = evidence.runs(study)
     if runs.empty or outcomes(runs).empty:
         return {}
-    tables = every_study_tables(runs)
+    tables = every_study_tables(runs, bisection=not evidence.frontier(study).empty)
     for known in STUDIES:
         if known.name == study and known.dashboard is not None:
             tables.update(known.dashboard(evidence, study))
@@ -79,7 +81,7 @@ def wandb_frame(frame: pd.DataFrame) -> pd.DataFrame:
     for column in frame.columns:
         values = frame[column]
         numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
-        out[str(column)] = values.astype(float) if numeric else values.map(lambda v: "" if v is None or v != v else str(v))
+        out[str(column)] = values.astype(float) if numeric else values.map(lambda v: "" if is_missing(v) else str(v))
     return out
 
 
@@ -124,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     if not roots:
         parser.error("name runs/<study> or --all runs")
     for root in roots:
+        if args.all and not study_tables(Evidence(root.parent), root.name):
+            print(f"dashboard: {root}: no run has ended yet, skipped")  # a sweep under way must not stop the rest
+            continue
         print(f"dashboard: {log_study(root, mode=args.mode)} (wandb sync uploads it)")
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
@@ -53,8 +54,11 @@ def probes_so_far(page: Page, evidence: Evidence, name: str) -> None:
     if runs.empty:
         return
     stable_if = sweeper_setting(evidence.study_dir(name), "stable_if", "trained")
+    prior = sweeper_setting(evidence.study_dir(name), "prior", None)
+    started = (f"; the sweep started each cell inside the bracket of {md_text(Path(str(prior)).name)}'s runs "
+               "(`hydra.sweeper.prior`), which these brackets, from its own probes alone, leave out" if prior else "")
     page.add(f"The brackets so far, from the {len(runs)} probe runs made (stable: {md_text(stable_if)}, the "
-             "sweep's `stable_if`; an empty end: no probe on that side yet):",
+             f"sweep's `stable_if`; an empty end: no probe on that side yet{started}):",
              markdown_table(brackets_so_far(runs, stable_if).sort_values(["norm", "depth", "seed"]), index=False))
     diagnoses(page, runs, "every probe, at every rate it tried")
 

@@ -35,8 +35,10 @@ def frontier_cells(frontier: pd.DataFrame) -> pd.DataFrame:
         "lo": pd.to_numeric(frontier["max_stable_lr"], errors="coerce"),
         "hi": pd.to_numeric(frontier["min_unstable_lr"], errors="coerce"),
     })
-    # A cell whose probe failed (not diverged) has neither end: an error, not a measurement.
-    cells["error"] = cells["lo"].isna() & cells["hi"].isna()
+    # A cell whose probe failed (not diverged) is an error, not a measurement: it has neither end, or, where a
+    # prior study's runs bracketed it first (hydra.sweeper.prior), its bracket stopped short
+    failed = frontier["error"].notna().to_numpy() if "error" in frontier else False
+    cells["error"] = (cells["lo"].isna() & cells["hi"].isna()) | failed
     cells["censored"] = (cells["lo"].isna() | cells["hi"].isna()) & ~cells["error"]
     return cells
 

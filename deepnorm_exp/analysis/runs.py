@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 import pandas as pd
 
 from .. import records
@@ -168,6 +168,11 @@ def load_frontier(root: str | Path) -> pd.DataFrame:
             rows.append({**cell, "sweep_dir": str(path.parent), "runs_spent": report["runs_spent"],
                          "grid_runs": report["grid_runs"], "lr_min": report["lr_min"], "lr_max": report["lr_max"]})
     return pd.DataFrame(rows)
+
+
+def is_missing(value: Any) -> bool:
+    """None, NaN, NaT or pd.NA (a record's cell may hold any of them); a list or array is a value."""
+    return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
 
 
 def outcomes(runs: pd.DataFrame) -> pd.DataFrame:

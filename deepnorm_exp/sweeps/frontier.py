@@ -31,26 +31,30 @@ class Cell:
     unstable: float | None = None
     probes: list[tuple[float, bool | None, str | None]] = field(default_factory=list)  # lr, stable, error
     error: str | None = None
-    prior: list[tuple[float, bool]] = field(default_factory=list)  # what earlier runs saw: no probe of this search
+    # what earlier runs saw, as it bounds this search (lr, stable, the rate it was seen at): no probe of it
+    prior: list[tuple[float, bool, float]] = field(default_factory=list)
 
     def _tried(self, lr: float) -> bool:
-        return any(seen == lr for seen, _, _ in self.probes) or any(seen == lr for seen, _ in self.prior)
+        return any(seen == lr for seen, _, _ in self.probes) or any(seen == lr for seen, _, _ in self.prior)
 
     def know(self, lr: float, stable: bool) -> None:
         """An earlier run's outcome at `lr` (a grid's, `prior_brackets`): it bounds the search as a probe does
-        and costs none."""
-        self.prior.append((lr, stable))
-        self._bound(lr, stable)
+        and costs none. Within the range only: stable above it is stable at hi, unstable below it unstable at
+        lo (the frontier is monotone); a stable rate below lo or an unstable one above hi bounds nothing here."""
+        bound = min(lr, self.hi) if stable else max(lr, self.lo)
+        if not self.lo <= bound <= self.hi:
+            return
+        self.prior.append((bound, stable, lr))
+        self._bound(bound, stable)
 
     def next_lr(self) -> float | None:
         """The rate to probe next, or None when the cell is settled."""
         if self.error is not None:
             return None
         if self.unstable is None:  # the optimistic end first: a stable hi settles the cell at once
-            settled = self._tried(self.hi) or (self.stable is not None and self.stable >= self.hi)
-            return None if settled else self.hi  # at or above the range
+            return None if self._tried(self.hi) else self.hi  # at or above the range
         if self.stable is None:  # unstable at the low end too: the frontier is below the range
-            return None if self._tried(self.lo) or self.unstable <= self.lo else self.lo
+            return None if self._tried(self.lo) else self.lo
         if self.unstable / self.stable <= self.resolution:
             return None
         # Bisection on a log scale at the exact midpoint (no rounding: rounded rates made two brackets that
@@ -77,7 +81,8 @@ class Cell:
         return {"max_stable_lr": self.stable, "min_unstable_lr": self.unstable, "runs": len(self.probes),
                 "probes": [{"lr": lr, "stable": ok, **({"error": error} if error else {})}
                            for lr, ok, error in self.probes],
-                **({"prior": [{"lr": lr, "stable": ok} for lr, ok in self.prior]} if self.prior else {}),
+                **({"prior": [{"lr": lr, "stable": ok, **({"seen_at": seen} if seen != lr else {})}
+                              for lr, ok, seen in self.prior]} if self.prior else {}),
                 "error": self.error}
 
 

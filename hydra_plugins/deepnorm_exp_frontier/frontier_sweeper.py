@@ -66,6 +66,7 @@ class FrontierSweeper(Sweeper):
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"hydra.sweeper.max_batch_size={max_batch_size}: must be >= 1, or null")
         self.max_batch_size, self.prior = max_batch_size, conf.prior
+        self._prior_read: Optional[tuple] = None  # (cells, their prior brackets)
         self.params, self.key = dict(params or {}), key
         self.lr_min, self.lr_max, self.resolution, self.stable_if = lr_min, lr_max, resolution, stable_if
         self.config: Optional[DictConfig] = None
@@ -119,11 +120,13 @@ class FrontierSweeper(Sweeper):
         prior_brackets), judged by this sweep's `stable_if`; {} without a prior."""
         if not self.prior:
             return {}
-        from deepnorm_exp.sweeps.frontier import prior_brackets
-        from deepnorm_exp.analysis.frontier_prior import prior_outcomes
+        if self._prior_read is None or self._prior_read[0] != cells:  # read once: the pre-flight's is kept
+            from deepnorm_exp.sweeps.frontier import prior_brackets
+            from deepnorm_exp.analysis.frontier_prior import prior_outcomes
 
-        return {cell: prior_brackets(outcomes) for cell, outcomes in
-                prior_outcomes(Path(self.prior), cells, self.key, self.stable_if, self.config).items()}
+            self._prior_read = (cells, {cell: prior_brackets(outcomes) for cell, outcomes in prior_outcomes(
+                Path(self.prior), cells, self.key, self.stable_if, self.config).items()})
+        return self._prior_read[1]
 
     def sweep(self, arguments: List[str]) -> Any:
         from deepnorm_exp.sweeps.frontier import grid_runs, search
