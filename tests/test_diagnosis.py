@@ -279,6 +279,47 @@ def test_the_analysis_gives_an_old_run_the_diagnosis_the_run_gave_itself(tmp_pat
             assert list(frame.loc[name, "diagnosis.not_measured"]) == diagnosis["not_measured"]
 
 
+def test_a_diagnosis_older_rules_made_is_made_again_from_the_published_records():
+    """The zoo's hyper_connections runs at depths 24 and 100 were diagnosed (d261ca4) before stream_gain_growth
+    existed (9493cdf): their packed diagnosis has no such finding, their records a composite gain of 10.75 and
+    27.6. Read back, they carry it; a diagnosis of today's rules is kept as the run wrote it."""
+    from deepnorm_exp import records
+    from deepnorm_exp.analysis.published import load
+    from deepnorm_exp.analysis.runs import needs_diagnosis
+
+    from conftest import REPO
+
+    pack = load(REPO / "runs" / "zoo_depth_sweep")
+    packed = {r.run_name: records.loads(r.summary) for r in pack.table("runs").itertuples()}
+    runs = pack.runs().set_index("run_name")
+    for depth in (24, 100):
+        name = f"hyper_connections-L{depth}-s0"
+        assert "rules" not in packed[name]["diagnosis"] and not packed[name]["diagnosis"]["also"]
+        assert [f["kind"] for f in runs.loc[name, "diagnosis.also"]] == ["stream_gain_growth"]
+        assert runs.loc[name, "diagnosis.rules"] == dg.RULES_VERSION
+    today = {"status": "completed", "diagnosis": {"kind": "trained", "rules": dg.RULES_VERSION}}
+    assert not needs_diagnosis(today) and needs_diagnosis({**today, "diagnosis": {"kind": "trained", "rules": 1}})
+    assert needs_diagnosis({"status": "completed", "diagnosis": "trained"})  # not a diagnosis: made again
+
+
+# The rules' code as of RULES_VERSION: a change to any of it without a new version would leave every run
+# diagnosed before it, published ones included, read by the old rules
+RULES_CODE = {2: "fe51140364c21a2b"}
+
+
+def test_the_rules_code_is_the_code_its_version_names():
+    import hashlib
+    import inspect
+
+    code = [inspect.getsource(f) for f in (dg.diagnose, dg._outcome, dg.loss_fall, dg.fall_span, dg.stream_gains,
+                                           *(rule for rule, _, _ in dg.FINDINGS.values()))]
+    constants = (dg.COLLAPSED_COSINE, dg.VANISHING_SHARE, dg.BELOW_EPS_SHARE, dg.LOGIT_GROWTH, dg.LOG_Z_GROWTH,
+                 dg.STREAM_GAIN, dg.CONVERGED_FALL, dg.WHERE_RECORDED, list(dg.FINDINGS))
+    digest = hashlib.sha256(("".join(code) + repr(constants)).encode()).hexdigest()[:16]
+    assert RULES_CODE.get(dg.RULES_VERSION) == digest, (
+        f"the diagnosis rules changed ({digest}): bump diagnosis.RULES_VERSION and add {{version: '{digest}'}} here")
+
+
 def test_the_diagnosis_table_counts_the_runs_that_ended():
     from deepnorm_exp.analysis.tables import diagnosis_table
 

@@ -18,7 +18,7 @@ import pandas as pd
 from .. import records
 from ..errors import first_line
 from ..lifecycle.schema import REQUIRED, config_problem
-from ..lifecycle.diagnosis import diagnose_run_dir
+from ..lifecycle.diagnosis import RULES_VERSION, diagnose_run_dir
 from ..lifecycle.summary import FINAL, has_ended, summary_of
 from ..rundir import RunDir, StudyDir
 
@@ -63,9 +63,11 @@ def load_runs(root: str | Path) -> pd.DataFrame:
 
 
 def needs_diagnosis(summary: dict) -> bool:
-    """A run that ended before runs wrote a diagnosis (lifecycle/diagnosis.py): analysis makes it from the
-    same records, so every run that ended has one."""
-    return has_ended(summary) and summary.get("diagnosis") is None
+    """A run that ended before runs wrote a diagnosis, or whose diagnosis older rules made (its `rules` below
+    diagnosis.RULES_VERSION): analysis makes it from the same records, so every run that ended has one by
+    today's rules."""
+    diagnosis = summary.get("diagnosis")
+    return has_ended(summary) and (not isinstance(diagnosis, dict) or diagnosis.get("rules", 1) < RULES_VERSION)
 
 
 def run_records(run_dir: Path) -> Optional[tuple[dict, dict]]:

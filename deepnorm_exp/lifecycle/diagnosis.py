@@ -38,6 +38,11 @@ LOG_Z_GROWTH = 2.0
 STREAM_GAIN = 10.0
 CONVERGED_FALL = 0.02
 
+# The rules' version, stamped on every diagnosis (`rules`). Analysis re-makes, from the run's records, a
+# diagnosis an older version made (the published records' included), so a rule added or changed reaches
+# every run on the page. 1: every diagnosis before the stamp; 2: stream_gain_growth (9493cdf). Bump it with
+# any change to a rule or threshold (tests/test_diagnosis.py holds the rules' code to this number).
+RULES_VERSION = 2
 OUTCOMES = ("trained", "still_learning", "stuck_on_plateau")  # kinds that are not findings
 DIVERGENCE_KINDS = ("non_finite", "loss_scale_collapse", "loss_blow_up")
 
@@ -244,7 +249,8 @@ def rules_markdown() -> str:
 def diagnose(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers: pd.DataFrame) -> Optional[dict]:
     """The diagnosis of one run that ended (None for one that did not), from its summary and its records:
     `scalars` (metrics.jsonl), `events` (events.jsonl) and `layers` (the per-layer files), one run's rows.
-    {"kind", "step", "evidence", "also": [other findings], "not_measured": [quantities a rule needed]}."""
+    {"kind", "step", "evidence", "also": [other findings], "not_measured": [quantities a rule needed], "rules":
+    RULES_VERSION}."""
     if not has_ended(summary):
         return None
     tables = {"scalars": scalars, "layers": layers}
@@ -263,7 +269,7 @@ def diagnose(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers:
         main, also = findings[0], findings[1:]  # a diverged run always has its divergence finding
     else:
         main, also = _outcome(summary, scalars), findings
-    return {**main, "also": also, "not_measured": not_measured}
+    return {**main, "also": also, "not_measured": not_measured, "rules": RULES_VERSION}
 
 
 def _outcome(summary: dict, scalars: pd.DataFrame) -> dict:

@@ -95,7 +95,8 @@ def list_of(check: Check) -> Check:
 
 
 def _diagnosis(value: Any) -> Optional[str]:
-    return _finding(value) or fields_problem(value, {"also": list_of(_finding), "not_measured": list_of(text_problem)})
+    return _finding(value) or fields_problem(value, {"also": list_of(_finding), "not_measured": list_of(text_problem),
+                                                     "rules": integer(1)})
 
 
 def read_by(check: Check | None, default: Any = None) -> Any:
