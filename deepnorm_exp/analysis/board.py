@@ -16,7 +16,9 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
   pooled standard deviation: the spread of one scheme's two seeds alone is too rough a guess). Scheme A ranks
   above B only when B's loss exceeds A's by more than NOISE_SE standard errors of the difference,
   sd_pooled * sqrt(1/n_A + 1/n_B); a scheme's rank is one more than the number of schemes surely better. Equal
-  ranks are within noise of each other; `ties` names the schemes within noise of each row.
+  ranks are within noise of each other; `ties` names the schemes within noise of each row. Where seeds
+  differ (a crashed one), a scheme of fewer seeds has wider margins, so it can rank above one of a slightly
+  lower loss: fewer schemes are surely better than it. The row's `seeds` shows it.
 * Steps-to-train at the best rate: the first evaluation by which half the seeds had learned 10% of the
   unigram-to-optimal gap (steps_to_train.median_steps; censored seeds never trained).
 * Frontier, at the grid's resolution: the largest rate at which every seed trained (a crashed or unfinished seed
