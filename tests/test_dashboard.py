@@ -124,6 +124,26 @@ def test_a_bisections_probes_and_runs_of_two_batteries_get_no_rate_or_loss_views
     assert set(every_study_tables(two.assign(**{"train.steps": two["train.steps"].fillna(500)}))) <= {"runs", "diagnoses"}
 
 
+def test_the_runs_table_holds_the_settings_the_runs_differ_in():
+    runs = hand_runs().assign(**{"train.weight_decay": [0.0, 0.1, 0.0, 0.1, 0.0], "train.steps": 300,
+                                 "norm.constants": ["a", "a", "a", "b", "b"]})
+    table = every_study_tables(runs)["runs"]
+    assert "train.weight_decay" in table and "train.steps" not in table and "norm.constants" not in table
+
+
+@pytest.mark.slow
+def test_the_mitigation_studys_dashboard_holds_its_verdicts(tmp_path):
+    run, directory = logged(tmp_path, "mitigation_study")
+    assert {"mitigations/path", "runs/path"} <= run["history_keys"]
+    from deepnorm_exp.analysis.evidence import Evidence
+    from deepnorm_exp.analysis.mitigations import mitigation_table
+
+    expected = mitigation_table(Evidence(REPO / "runs").runs("mitigation_study"))
+    logged_table = table(directory, "mitigations")
+    assert logged_table["verdict"].tolist() == expected["verdict"].tolist() and len(expected) == 15
+    assert {"model.qk_norm", "train.z_loss"} <= set(table(directory, "runs").columns)
+
+
 def test_all_studies_skip_one_with_no_ended_run_and_go_on(tmp_path, capsys):
     from deepnorm_exp.analysis.dashboard import main
 

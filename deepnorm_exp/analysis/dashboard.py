@@ -32,13 +32,21 @@ from .tables import comparison_table, diagnosis_table
 
 RUN_COLUMNS = ["run_name", "norm", "depth", "model.encoder_depth", LR, "seed", "status", "trained", "trained_at_step",
                "initial_eval_loss", "eval_loss", "steps", "diagnosis.kind"]
+AXIS_PREFIXES = ("model.", "data.", "train.")  # a scheme's own settings vary with it: the norm column says them
+
+
+def sweep_axes(runs: pd.DataFrame) -> list[str]:
+    """The settings the study's runs differ in beyond RUN_COLUMNS (a mitigation's keys, a grid's): each run's
+    cell, as the runs table shows it."""
+    return [c for c in runs.columns if str(c).startswith(AXIS_PREFIXES) and c not in RUN_COLUMNS
+            and runs[c].map(repr).nunique() > 1]
 
 
 def every_study_tables(runs: pd.DataFrame, bisection: bool = False) -> dict[str, pd.DataFrame]:
     """What every study shows: its runs and diagnoses, and the loss against rate (a grid of rates) or its
     comparison and the loss against depth (one rate); neither for a bisection's probes (`bisection`: each cell
     tried its own rates), runs that stop once trained, or runs of more than one battery."""
-    out = {"runs": runs[[c for c in RUN_COLUMNS if c in runs]].reset_index(drop=True)}
+    out = {"runs": runs[[c for c in RUN_COLUMNS if c in runs] + sweep_axes(runs)].reset_index(drop=True)}
     diagnoses = diagnosis_table(runs)
     if not diagnoses.empty:
         out["diagnoses"] = diagnoses.reset_index()

@@ -86,7 +86,14 @@ def mitigation_section(page: Page, evidence: Evidence, name: str) -> None:
              markdown_table(table, index=False))
 
 
+def mitigation_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
+    """The page's table: per scheme and mitigation, the seeds trained, the loss, the diagnoses, the verdict."""
+    table = mitigation_table(evidence.runs(name))
+    return {} if table.empty else {"mitigations": table}
+
+
 MITIGATIONS = Study("mitigation_study", "Mitigations where Post-LN fails (an extension, not judged)",
                     "Post-LN, Pre-LN and DeepNorm at depth 48 with the quick start's training, with no mitigation and "
                     "with each of QK-LayerNorm, z-loss 1e-4, soft-capping (attention 50, output 30) and weight decay "
-                    "0.1, two seeds (the rule: deepnorm_exp/analysis/mitigations.py).", mitigation_section)
+                    "0.1, two seeds (the rule: deepnorm_exp/analysis/mitigations.py).", mitigation_section,
+                    dashboard=mitigation_dashboard)
