@@ -71,3 +71,11 @@ def test_the_printed_refusal_of_an_unknown_scheme_lists_every_registered_scheme(
     for page in (REPO / "README.md", REPO / "docs" / "running.md"):
         shown = [row for row in page.read_text().splitlines() if "norm=batchnorm is invalid" in row]
         assert shown == [line], page.name
+
+
+def test_the_readmes_presets_table_names_every_preset():
+    """board, board_frontier and scorecard were missing from it: a preset a reader cannot find from the door."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Presets"):readme.index("## ", readme.index("## Presets") + 3)]
+    for preset in (REPO / "conf" / "experiment").glob("*.yaml"):
+        assert f"`{preset.stem}`" in table, preset.stem
