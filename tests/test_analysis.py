@@ -246,6 +246,16 @@ def test_notebooks_execute_top_to_bottom_and_draw(sweep, tmp_path, name):
     assert any("image/png" in o.get("data", {}) for o in outputs)
 
 
+@pytest.mark.slow
+def test_the_board_notebook_says_why_a_sweep_of_one_rate_is_not_ranked(sweep, tmp_path):
+    from deepnorm_exp.analysis.notebooks import execute
+
+    executed = execute(REPO / "notebooks" / "board.ipynb", {"runs_root": str(sweep)}, tmp_path / "board.ipynb")
+    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("not ranked: one learning rate" in o.get("text", "") for o in outputs)
+
+
 def test_committed_notebooks_have_no_outputs_and_a_parameters_cell():
     import nbformat
 

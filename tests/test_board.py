@@ -223,6 +223,7 @@ def test_a_new_scheme_is_scored_beside_the_board_through_the_real_cli(tmp_path):
     report = build_report(tmp_path / "runs" / "board")  # report.html gets the board (what it read: escaped)
     assert "<h2>Each scheme at its own best rate</h2>" in report and 'id="board-L2"' in report
     check_the_study_level_wandb_run(tmp_path / "runs" / "board")
+    check_the_board_notebook(tmp_path / "runs" / "board", tmp_path)
     check_the_frontier_bisected_inside_the_boards_brackets(tmp_path, copy)
     longer = run_cli("-m", "experiment=scorecard", "norm=pre", *battery, "train.steps=16", cwd=copy)
     assert longer.returncode == 0, longer.stderr[-3000:]
@@ -265,6 +266,19 @@ def check_the_frontier_bisected_inside_the_boards_brackets(tmp_path, copy):
         if len(known) == 2:  # bracketed by the grid: every probe inside
             assert all(known[0] < probe["lr"] < known[1] for probe in cell["probes"]), cell
     assert report["runs_spent"] == sum(cell["runs"] for cell in report["cells"])
+
+
+def check_the_board_notebook(root, tmp_path):
+    """notebooks/board.ipynb on the tiny board: each depth's rows, the loss against rate drawn, no error."""
+    from conftest import REPO
+    from deepnorm_exp.analysis.notebooks import execute
+
+    executed = execute(REPO / "notebooks" / "board.ipynb", {"runs_root": str(root)}, tmp_path / "board.ipynb")
+    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs)
+    shown = "".join(o.get("data", {}).get("text/plain", "") + o.get("text", "") for o in outputs)
+    assert "depth 1" in shown and "depth 2" in shown and "within noise of" in shown and "slope" in shown
 
 
 def check_the_study_level_wandb_run(root):
