@@ -1,6 +1,8 @@
 """Steps-to-train (issue 39, slow or unstable): the first evaluation at which a run had trained, recorded
 in every summary, and `train.stop_when_trained`, which ends the run there."""
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from deepnorm_exp.lifecycle.run import run_experiment
@@ -124,3 +126,18 @@ def test_deepnorm_trains_everywhere_only_if_every_seed_at_its_best_rate_trained(
 
     assert deepnorm_trains_everywhere(study(post_deep=NEVER))[0] is True
     assert deepnorm_trains_everywhere(study(post_deep=NEVER, others_deep=NEVER))[0] is False
+
+
+def test_the_figure_draws_a_censored_depth_at_the_budget_apart_from_the_trained_ones():
+    from deepnorm_exp.analysis.steps_to_train import steps_figure
+
+    best = pd.DataFrame({"norm": ["post", "post", "post", "pre", "pre"], "depth": [6, 18, 100, 6, 100],
+                         "lr": 1e-3, "seeds": 2, "budget": 3000, "by_short": 0, "by_budget": [2, 2, 0, 2, 2],
+                         "median": [100.0, 450.0, np.nan, 50.0, 50.0], "not_trained": ""})
+    (ax,) = steps_figure(best).axes
+    lines = {(line.get_label(), line.get_marker()): (list(line.get_xdata()), list(line.get_ydata()))
+             for line in ax.get_lines()}
+    assert lines[("post", "o")] == ([6, 18], [100.0, 450.0])
+    assert lines[("post: not trained by the budget", "^")] == ([100], [3000])
+    assert lines[("pre", "o")] == ([6, 100], [50.0, 50.0])
+    assert not any(label.startswith("pre:") for label, _ in lines)  # pre is never censored: no triangle

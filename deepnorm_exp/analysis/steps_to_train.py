@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from .page import Page, Study, charted, markdown_table
+from .plots import depth_axis, empty, norm_colors, norms_in
 from .runs import config_column, outcomes
 
 if TYPE_CHECKING:
@@ -142,6 +144,29 @@ def deepnorm_trains_everywhere(runs: pd.DataFrame) -> tuple[Optional[bool], str]
     return bool((of["by_budget"] == of["seeds"]).all()), "median steps-to-train at its best rate: " + describe(best, "deepnorm")
 
 
+def steps_figure(best: pd.DataFrame):
+    """Median steps-to-train at each scheme's best rate against depth, a line per scheme; a depth where fewer
+    than half the seeds trained is drawn as an open triangle at the budget (censored: at least that)."""
+    if best.empty:
+        return empty("Steps to train against depth", "no run has ended yet")
+    fig = Figure(figsize=(5.5, 3.6), layout="constrained")
+    ax = fig.subplots()
+    colors = norm_colors(norms_in(best))
+    for norm, rows in best.groupby("norm", sort=True):
+        rows = rows.sort_values("depth")
+        trained = rows[rows["median"].notna()]
+        ax.plot(trained["depth"], trained["median"], marker="o", color=colors[norm], label=norm)
+        censored = rows[rows["median"].isna()]
+        ax.plot(censored["depth"], censored["budget"], marker="^", linestyle="none", markerfacecolor="none",
+                markersize=9, color=colors[norm], label=f"{norm}: not trained by the budget" if len(censored) else None)
+    depth_axis(ax, sorted(best["depth"].unique()))
+    ax.set(yscale="log", xlabel="depth", ylabel="median steps to train (best rate)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.suptitle("Steps to train against depth")
+    return fig
+
+
 def steps_section(page: Page, evidence: Evidence, name: str) -> None:
     """A steps-to-train study's cells: trained by the old budget and by the run's, the censored median, how the
     rest ended, and each scheme's best rate per depth."""
@@ -150,8 +175,12 @@ def steps_section(page: Page, evidence: Evidence, name: str) -> None:
              "by the budget (`by_budget`), the median steps-to-train (the first step by which half the seeds had "
              "trained; empty: fewer than half ever did), and how the others ended (diverged, or their diagnosis):",
              markdown_table(cells, index=False))
+    best = best_rates(cells)
     page.add("Each scheme's best rate per depth (the smallest median, then the most seeds trained):",
-             markdown_table(best_rates(cells), index=False))
+             markdown_table(best, index=False))
+    if not best.empty:
+        page.figure(name, steps_figure(best), "Median steps to train at each scheme's best rate against depth; "
+                    "open triangles: fewer than half the seeds trained by the budget (at least that many steps).")
 
 
 def steps_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
