@@ -335,7 +335,8 @@ def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep
     assert "Not run yet." not in sections["Depth sweep, decoder-only"] + sections["Quick start"]
     assert "Not run yet." in sections["Depth sweep, encoder-decoder (a second view, not judged)"] and "Not run yet." in sections["The zoo"]
     images = re.findall(r"!\[[^\]]*\]\((results/[^)]+\.png)\)", page)
-    assert len(images) == 5  # depth stability, model update, LN inputs, per-layer gradients, loss against lr
+    # depth stability, model update, LN inputs, per-layer gradients, loss against lr, steps to train against depth
+    assert len(images) == 6 and "results/steps_to_train.png" in images
     for image in images:
         assert 1_000 < (tmp_path / "docs" / image).stat().st_size < 150_000
     # The decoder table's (pre, depth 2) cell, against the summaries read here
