@@ -65,7 +65,8 @@ def probes_so_far(page: Page, evidence: Evidence, name: str) -> None:
 
 def frontier_brackets_text(cells: pd.DataFrame) -> str:
     return ("Largest learning rate that trains, per scheme and depth: the bisection's bracket (the frontier lies "
-            "between; `<`: unstable even at the range's lowest rate; `>`: stable at its highest; seeds that differ "
+            "between; `<`: no rate of the range trained within the budget, unstable or too slow, which the bisection "
+            "cannot tell; `>`: stable at its highest; seeds that differ "
             "are listed in seed order, `/`-separated):\n\n" + markdown_table(bracket_table(cells)))
 
 

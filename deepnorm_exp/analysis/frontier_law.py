@@ -97,7 +97,7 @@ def brackets_so_far(runs: pd.DataFrame, stable_if: str) -> pd.DataFrame:
 
 
 def bracket_table(frontier: pd.DataFrame) -> pd.DataFrame:
-    """norm x depth: each cell's bracket "lo-hi" (the frontier lies between), "< lr_min" when unstable even at
+    """norm x depth: each cell's bracket "lo-hi" (the frontier lies between), "< lr_min" when not trained even at
     the range's lowest rate, "> lr_max" when stable at its highest; a depth whose seeds disagree lists every
     seed's, "/"-separated, in seed order; "error" for a probe that failed."""
     cells = frontier_cells(frontier).sort_values(["norm", "depth", "seed"])

@@ -156,7 +156,7 @@ def stability_map(runs: pd.DataFrame, frontier: Optional[pd.DataFrame] = None, l
 def frontier_law(frontier: pd.DataFrame, fit: Optional[pd.DataFrame] = None) -> Figure:
     """Max stable lr against depth, log-log, all schemes on one axis: each cell's bracket (largest stable to
     smallest unstable rate) as a bar at its depth (seeds side by side), a censored cell as an arrow at the
-    range's end it passed (v: unstable even at the lowest rate; ^: stable at the highest), the fitted law as a
+    range's end it passed (v: not trained even at the lowest rate; ^: stable at the highest), the fitted law as a
     line, its slope and 95% interval in the legend (analysis/frontier_law.py)."""
     from .frontier_law import fit_frontier_law, frontier_cells
 
@@ -172,8 +172,8 @@ def frontier_law(frontier: pd.DataFrame, fit: Optional[pd.DataFrame] = None) -> 
         mid = np.sqrt(used["lo"] * used["hi"])
         ax.errorbar(x[used.index], mid, yerr=[mid - used["lo"], used["hi"] - mid], fmt="o",
                     color=colors[norm], capsize=2, markersize=3)
-        # censored cells are the strongest evidence at the range's ends, so they are drawn, as arrows: the
-        # frontier lies below the lowest rate tried (unstable even there) or above the highest (stable there)
+        # censored cells are drawn, as arrows: the frontier lies below the lowest rate tried (not trained even
+        # there: unstable, or too slow for the budget) or above the highest (stable there)
         for marker, at, which in (("v", "hi", group["censored"] & group["lo"].isna()),
                                   ("^", "lo", group["censored"] & group["hi"].isna())):
             if which.any():

@@ -93,6 +93,27 @@ def best_rates(cells: pd.DataFrame) -> pd.DataFrame:
     return ranked.groupby(["norm", "depth"], sort=True).head(1).drop(columns="_median").reset_index(drop=True)
 
 
+def at_long_budget(ran: pd.DataFrame, norm: str, depth: int, finished: bool) -> str:
+    """What this study's long budget says of `norm` at `depth` (`run_outcomes`' rows), for a study of a
+    shorter budget in which no rate trained there: it trains, only slower; it trains at no rate of the grid
+    (each run's end counted); or nothing can be said yet. A trained run settles it even before the sweep
+    has finished; "at no rate" waits for every run."""
+    of = ran[(ran["norm"] == norm) & (ran["depth"] == depth)]
+    trained = of[of["ended"] == "trained"].sort_values(["trained_at", "lr"])
+    if not trained.empty:
+        first = trained.iloc[0]
+        return (f"trains within {int(first['budget']):,} steps (first at lr {first['lr']:.3g}, by step "
+                f"{int(first['trained_at'])}; {len(trained)} of {len(of)} runs): slower, not unstable")
+    if of.empty:
+        return "no run at the long budget at this depth"
+    if not finished:
+        return f"none of its {len(of)} runs at the long budget has trained so far (the sweep has not finished)"
+    ends = of["why"].value_counts()
+    return (f"trains at no rate ({of['lr'].min():.3g} to {of['lr'].max():.3g}) within {int(of['budget'].max()):,} "
+            f"steps ({len(of)} runs: " + ", ".join(f"{n} {why}" for why, n in sorted(ends.items(),
+                                                                                   key=lambda kv: (-kv[1], kv[0]))) + ")")
+
+
 def fails(cells: pd.DataFrame, norm: str, depth: int) -> bool:
     """No seed of `norm` at any rate trained within the budget at `depth`."""
     of = cells[(cells["norm"] == norm) & (cells["depth"] == depth)]
