@@ -96,20 +96,11 @@ def frontier_flatter_for_deepnorm(e: Evidence):
         return None, "Post-LN and DeepNorm need cells at two common depths" + below_the_range(e, below)
     shallowest, deepest = min(common), max(common)
 
-    def fall(norm: str) -> tuple[float, float]:
-        """(at least, at most) from the shallowest to the deepest common depth; an open end makes a bound 0
-        or infinite."""
-        of = cells[cells["norm"] == norm]
-        shallow, deep = of[of["depth"] == shallowest], of[of["depth"] == deepest]
-        with np.errstate(divide="ignore"):  # an open end: 0 or infinity, as meant
-            at_least = np.float64(shallow["lo"].fillna(0).min()) / deep["hi"].fillna(np.inf).max()
-            at_most = np.float64(shallow["hi"].fillna(np.inf).max()) / deep["lo"].fillna(0).min()
-        return at_least, at_most
-
     def between(low: float, high: float) -> str:
         return f"by {low:.3g}x to {high:.3g}x" if np.isfinite(high) else f"by at least {low:.3g}x, with no upper bound"
 
-    (post_low, post_high), (dn_low, dn_high) = fall("post"), fall("deepnorm")
+    (post_low, post_high), (dn_low, dn_high) = (frontier_fall(cells[cells["norm"] == norm], shallowest, deepest)
+                                                for norm in ("post", "deepnorm"))
     law = e.frontier_law("frontier_depth").set_index("norm")
     slopes = "; ".join(f"{n} {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]" +
                        (f" (censored at {list(r['censored_depths'])})" if r["censored"] else "")
@@ -128,6 +119,16 @@ def frontier_flatter_for_deepnorm(e: Evidence):
 
 
 SCHEME_NAMES = {"post": "Post-LN", "deepnorm": "DeepNorm"}
+
+
+def frontier_fall(cells: pd.DataFrame, shallowest: int, deepest: int) -> tuple[float, float]:
+    """(at least, at most) one scheme's frontier fell from the shallowest to the deepest depth, over its
+    seeds' brackets; an open end makes a bound 0 or infinite."""
+    shallow, deep = cells[cells["depth"] == shallowest], cells[cells["depth"] == deepest]
+    with np.errstate(divide="ignore"):  # an open end: 0 or infinity, as meant
+        at_least = np.float64(shallow["lo"].fillna(0).min()) / deep["hi"].fillna(np.inf).max()
+        at_most = np.float64(shallow["hi"].fillna(np.inf).max()) / deep["lo"].fillna(0).min()
+    return at_least, at_most
 
 
 def below_the_range(e: Evidence, below: pd.DataFrame) -> str:
