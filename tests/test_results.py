@@ -96,6 +96,13 @@ def test_a_cell_below_the_range_is_no_frontier_and_is_read_at_the_long_budget():
         frontier_frontier_depth=below_at_deep_post(), runs_steps_to_train=unfinished, finished_steps_to_train=False))
     assert ("Post-LN at L50: no run at the long budget at this depth; Post-LN at L100: none of its 4 runs at the "
             "long budget has trained so far (the sweep has not finished)") in numbers
+    # A long budget the rules cannot read (a crashed run) is said so
+    crashed = ran.assign(status=lambda f: f["status"].where(f["seed"] != 1, "failed"))
+    _, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=below_at_deep_post(),
+                                                               runs_steps_to_train=crashed))
+    assert numbers.endswith("left out of both falls (steps_to_train's long budget cannot be read: 3 runs crashed "
+                            "(post-L50-lr0.0003-s1, post-L100-lr0.0003-s1, post-L100-lr0.001-s1): the rules read "
+                            "every seed; the sweep, run again, resumes them)")
     # The frontier's own budget, where its runs say it
     _, numbers = claims.frontier_flatter_for_deepnorm(evidence(
         frontier_frontier_depth=below_at_deep_post(), runs_frontier_depth=pd.DataFrame([run("post", 6)])))
@@ -188,6 +195,13 @@ def test_a_thousand_layers_here_is_deepnorms_steps_to_train_beside_pre_lns():
     # neither trains: the budget decides
     met, numbers = check(evidence(runs_encdec_1000l=runs(untrained, untrained)))
     assert met is None and numbers.endswith("(neither trained within the budget: the budget, not the scheme, decides)")
+    # no Pre-LN run has ended: nothing to compare the budget with (was: "neither trained")
+    alone = runs(untrained, {"status": "interrupted"})
+    assert check(evidence(runs_encdec_1000l=alone))[1].endswith("(no Pre-LN run has ended to compare the budget with)")
+    # Pre-LN crashed: a run the rule has not seen, not one that failed to train (was: False, DeepNorm "not
+    # training while Pre-LN does" could not be told from it)
+    met, numbers = check(evidence(runs_encdec_1000l=runs(untrained, {"status": "failed"})))
+    assert met is None and numbers.startswith("1 run crashed (pre-L500-s0)")
 
 
 def test_fp16_divergence_is_post_lns_at_the_deepest_depth_against_deepnorms_anywhere():
@@ -209,6 +223,9 @@ def test_fp16_divergence_is_post_lns_at_the_deepest_depth_against_deepnorms_anyw
     assert check(evidence(runs_precision_fp16=runs("completed"), runs_steps_to_train=fp32))[0] is False
     # DeepNorm diverges as well: half precision, not the scheme
     assert check(evidence(runs_precision_fp16=runs("diverged", "diverged"), runs_steps_to_train=fp32))[0] is None
+    # Post-LN's deepest run crashed: the depth is not gone, the verdict waits (was: "not reproduced" read at L18)
+    met, numbers = check(evidence(runs_precision_fp16=runs("failed"), runs_steps_to_train=fp32))
+    assert met is None and numbers.startswith("1 run crashed (post-L50-s0)")
 
 
 def test_divergence_timing_and_verdicts():

@@ -141,3 +141,57 @@ def test_the_figure_draws_a_censored_depth_at_the_budget_apart_from_the_trained_
     assert lines[("post: not trained by the budget", "^")] == ([100], [3000])
     assert lines[("pre", "o")] == ([6, 100], [50.0, 50.0])
     assert not any(label.startswith("pre:") for label, _ in lines)  # pre is never censored: no triangle
+
+
+# -- records the rules cannot read as they stand (a review's findings, each failing before its fix) ------------
+def test_a_crashed_seed_is_not_read_as_a_seed_that_trained_or_as_a_missing_depth():
+    """A run that crashed (status failed) is a seed the rule has not seen: DeepNorm with one seed trained and
+    one crashed read 'trains everywhere' (1/1), and Post-LN's deepest depth, all crashed, vanished, so the next
+    depth was read as the deepest."""
+    from deepnorm_exp.analysis.steps_to_train import deepnorm_trains_everywhere, post_unstable_with_depth
+
+    runs = study(post_deep=NEVER)
+    crashed = (runs.norm == "deepnorm") & (runs.depth == 100) & (runs.seed == 1)
+    runs.loc[crashed, ["status", "trained_at_step"]] = ["failed", None]
+    met, numbers = deepnorm_trains_everywhere(runs)
+    assert met is None and numbers.startswith("1 run crashed (deepnorm-L100-lr0.001-s1)")
+    whole_depth = study(post_deep=NEVER)
+    whole_depth.loc[(whole_depth.norm == "post") & (whole_depth.depth == 100), "status"] = "failed"
+    met, numbers = post_unstable_with_depth(whole_depth)
+    assert met is None and numbers.startswith("4 runs crashed") and "run again, resumes them" in numbers
+
+
+def test_runs_of_two_budgets_are_not_read_as_one():
+    """Post-LN's deepest runs at 300 steps beside the others' 3,000: a 300-step plateau read as 'fails'."""
+    from deepnorm_exp.analysis.steps_to_train import deepnorm_trains_everywhere, post_unstable_with_depth
+
+    runs = study(post_deep=[(None, "completed", "stuck_on_plateau")] * 2)
+    runs.loc[(runs.norm == "post") & (runs.depth == 100), "steps"] = 300
+    met, numbers = post_unstable_with_depth(runs)
+    assert (met, numbers) == (None, "runs of 2 budgets (300, 3,000 steps) in one study: the rules read one")
+    assert deepnorm_trains_everywhere(runs)[0] is None
+
+
+def test_a_run_whose_rate_is_unknown_still_counts():
+    """A run whose config could not be read has no rate: it was dropped from its cell, and a Post-LN depth
+    whose one trained run it was read as failing."""
+    from deepnorm_exp.analysis.steps_to_train import cell_table, fails, run_outcomes
+
+    runs = study(post_deep=NEVER)
+    deep = (runs.norm == "post") & (runs.depth == 100) & (runs["train.lr"] == 3e-4) & (runs.seed == 1)
+    runs.loc[deep, ["status", "trained_at_step", "train.lr"]] = ["completed", 200.0, None]
+    cells = cell_table(run_outcomes(runs))
+    assert not fails(cells, "post", 100) and cells["seeds"].sum() == len(runs)
+
+
+def test_the_best_rate_is_the_one_whose_seeds_all_trained_before_the_fastest_seed():
+    """With two seeds the median is the faster seed: a rate where one seed trained at step 100 and the other
+    diverged ranked above one where both trained by 150, and DeepNorm read as not training everywhere."""
+    from deepnorm_exp.analysis.steps_to_train import best_rates, cell_table, deepnorm_trains_everywhere, run_outcomes
+
+    runs = runs_frame([("deepnorm", 100, 1e-3, [(100, "completed", "trained"), (None, "diverged", "loss_blow_up")]),
+                       ("deepnorm", 100, 3e-4, [(150, "completed", "trained")] * 2),
+                       ("deepnorm", 6, 1e-3, EARLY)])
+    best = best_rates(cell_table(run_outcomes(runs))).set_index(["norm", "depth"])
+    assert best.loc[("deepnorm", 100), "lr"] == 3e-4
+    assert deepnorm_trains_everywhere(runs)[0] is True

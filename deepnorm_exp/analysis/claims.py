@@ -137,11 +137,13 @@ def below_the_range(e: Evidence, below: pd.DataFrame) -> str:
         return ""
     budget = pd.to_numeric(e.runs("frontier_depth").get("steps", pd.Series(dtype=float)), errors="coerce").max()
     within = f"within its {budget:,.0f} steps" if np.isfinite(budget) else "within its budget"
+    head = f"; no frontier where no rate of the range trained {within}, left out of both falls"
+    if why := steps_to_train.unreadable(e.runs(STEPS_STUDY)):
+        return head + f" ({STEPS_STUDY}'s long budget cannot be read: {why})"
     ran, finished = steps_to_train.run_outcomes(e.runs(STEPS_STUDY)), e.finished(STEPS_STUDY)
     read = [f"{SCHEME_NAMES[norm]} at L{depth}: " + steps_to_train.at_long_budget(ran, norm, depth, finished)
             for norm, depth in sorted(set(zip(below["norm"], below["depth"])), key=lambda nd: (nd[0] != "post", nd))]
-    return (f"; no frontier where no rate of the range trained {within}, left out of both falls and read at "
-            f"{STEPS_STUDY}'s long budget: " + "; ".join(read))
+    return head + f" and read at {STEPS_STUDY}'s long budget: " + "; ".join(read)
 
 
 def divergence_is_early(e: Evidence):
@@ -170,6 +172,8 @@ def thousand_layers_here(e: Evidence):
     """Steps-to-train of the 500L-500L runs at this width (steps_to_train.run_outcomes): DeepNorm's against the
     budget, with Pre-LN's beside it deciding whether a DeepNorm run that did not train says something about
     DeepNorm or about the budget."""
+    if why := steps_to_train.unreadable(e.runs(THOUSAND_HERE)):
+        return None, why
     ran = steps_to_train.run_outcomes(e.runs(THOUSAND_HERE))
     deepnorm, pre = (ran[ran["norm"] == norm] for norm in ("deepnorm", "pre"))
     if deepnorm.empty:
@@ -184,6 +188,8 @@ def thousand_layers_here(e: Evidence):
         return True, text
     if deepnorm["ended"].eq("diverged").any() or (len(pre) and pre["ended"].eq("trained").all()):
         return False, text
+    if pre.empty:
+        return None, text + " (no Pre-LN run has ended to compare the budget with)"
     return None, text + (" (neither trained within the budget: the budget, not the scheme, decides)"
                          if not pre["ended"].eq("diverged").any() else
                          " (DeepNorm did not train within the budget and Pre-LN diverged: no scheme trained to "
@@ -197,6 +203,8 @@ def post_diverges_in_fp16(e: Evidence):
     """Divergence in the paper's sense (the divergence rule stopped the run) under fp16 with loss scaling: Post-LN's
     runs at the deepest depth against DeepNorm's at every depth; the same cells in fp32 (steps_to_train at the same
     rate) are shown beside, never judged."""
+    if why := steps_to_train.unreadable(e.runs(PRECISION_STUDY)):
+        return None, why
     ran = steps_to_train.run_outcomes(e.runs(PRECISION_STUDY))
     if ran.empty:
         return None, "no run has ended"

@@ -14,7 +14,7 @@ times the old one, and ends as one of:
 Per cell (scheme, depth, rate): the share of seeds trained by the old budget (SHORT_BUDGET) and by the run's
 budget, and the median steps-to-train, the first step by which half the seeds had trained (every censored seed
 ran the whole budget, so this is the Kaplan-Meier median; a diverged seed never trains). Per scheme and depth,
-its best rate: the smallest median (no median counts as infinite), then the most seeds trained.
+its best rate: the largest share of seeds trained, then the smallest median (none counts as infinite).
 
 The rules (fixed before the study's runs; tests/test_steps_to_train.py holds each against frames where it is
 false): a scheme *fails* at a depth when no seed at any rate trained within the budget; it *trains early* there
@@ -23,7 +23,8 @@ when Post-LN fails at the deepest depth and trains at the shallowest, while Pre-
 the deepest; not reproduced when Post-LN trains at every depth (then the numbers say how much slower it is);
 not testable when no other scheme trains early at the deepest depth (the budget, not the scheme, decides), or
 when Post-LN fails at the shallowest depth too. "DeepNorm trains at every depth": every DeepNorm seed at its
-best rate trained within the budget at every depth.
+best rate trained within the budget at every depth. Records these rules cannot read (`unreadable`: a crashed run,
+runs of two budgets) make every claim that reads them "the data cannot tell", saying why.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def cell_table(ran: pd.DataFrame) -> pd.DataFrame:
     """Per cell: seeds, trained by SHORT_BUDGET and by the budget (counts), the median steps-to-train, and
     how the seeds that did not train ended."""
     rows = []
-    for (norm, depth, lr), cell in ran.groupby(CELL, sort=True):
+    for (norm, depth, lr), cell in ran.groupby(CELL, sort=True, dropna=False):  # a run of unknown rate counts
         failed = cell.loc[cell["ended"] != "trained", "why"].value_counts()
         rows.append({"norm": norm, "depth": depth, "lr": lr, "seeds": len(cell), "budget": int(cell["budget"].max()),
                      "by_short": int((cell["trained_at"] <= SHORT_BUDGET).sum()),
@@ -83,14 +84,34 @@ def cell_table(ran: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_rates(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per scheme and depth, the cell of its best rate: the smallest median steps-to-train, then the most
-    seeds trained by the budget, then by SHORT_BUDGET, then the smaller rate."""
+    """Per scheme and depth, the cell of its best rate: the largest share of seeds trained by the budget, then
+    the smallest median steps-to-train, then the most trained by SHORT_BUDGET, then the smaller rate. (Until
+    the review of 2026-12-05, with 86 of the study's 96 runs ended, the median came first: with two seeds it is the
+    faster seed's step, so a rate where one seed trained at step 100 and the other diverged ranked above one
+    where both trained by 150. On the records then, no best rate changed.)"""
     if cells.empty:
         return cells
-    ranked = cells.assign(_median=cells["median"].fillna(np.inf))
-    ranked = ranked.sort_values(["norm", "depth", "_median", "by_budget", "by_short", "lr"],
-                                ascending=[True, True, True, False, False, True])
-    return ranked.groupby(["norm", "depth"], sort=True).head(1).drop(columns="_median").reset_index(drop=True)
+    ranked = cells.assign(_share=cells["by_budget"] / cells["seeds"], _median=cells["median"].fillna(np.inf))
+    ranked = ranked.sort_values(["norm", "depth", "_share", "_median", "by_short", "lr"],
+                                ascending=[True, True, False, True, False, True])
+    return (ranked.groupby(["norm", "depth"], sort=True).head(1).drop(columns=["_share", "_median"])
+            .reset_index(drop=True))
+
+
+def unreadable(runs: pd.DataFrame) -> Optional[str]:
+    """Why a study's runs cannot be read by these rules, or None: a run that crashed (status failed) is a seed
+    the rules have not seen, not one that failed to train (the sweep, run again, resumes it); and a censored
+    run counts as untrained within *the* budget, so runs of two budgets in one study are not read as one."""
+    failed = runs[runs["status"].eq("failed")] if "status" in runs else runs.iloc[:0]
+    if len(failed):
+        names = ", ".join(map(str, failed["run_name"].head(3))) + (", ..." if len(failed) > 3 else "")
+        return (f"{len(failed)} run{'s' * (len(failed) > 1)} crashed ({names}): the rules read every seed; the "
+                "sweep, run again, resumes them")
+    budgets = sorted(pd.to_numeric(runs.get("steps", pd.Series(dtype=float)), errors="coerce").dropna().unique())
+    if len(budgets) > 1:
+        return (f"runs of {len(budgets)} budgets ({', '.join(f'{int(b):,}' for b in budgets)} steps) in one study: "
+                "the rules read one")
+    return None
 
 
 def at_long_budget(ran: pd.DataFrame, norm: str, depth: int, finished: bool) -> str:
@@ -138,6 +159,8 @@ def describe(best: pd.DataFrame, norm: str) -> str:
 
 def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Optional[bool], str]:
     """The claim's rule (module docstring): fails, slower, or the data cannot tell."""
+    if why := unreadable(runs):
+        return None, why
     cells = cell_table(run_outcomes(runs))
     best = best_rates(cells)
     depths = sorted(best.loc[best["norm"] == "post", "depth"].unique())
@@ -158,6 +181,8 @@ def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Optional[bool], str]:
 
 
 def deepnorm_trains_everywhere(runs: pd.DataFrame) -> tuple[Optional[bool], str]:
+    if why := unreadable(runs):
+        return None, why
     best = best_rates(cell_table(run_outcomes(runs)))
     of = best[best["norm"] == "deepnorm"]
     if of.empty:
@@ -197,7 +222,7 @@ def steps_section(page: Page, evidence: Evidence, name: str) -> None:
              "trained; empty: fewer than half ever did), and how the others ended (diverged, or their diagnosis):",
              markdown_table(cells, index=False))
     best = best_rates(cells)
-    page.add("Each scheme's best rate per depth (the smallest median, then the most seeds trained):",
+    page.add("Each scheme's best rate per depth (the largest share of seeds trained, then the smallest median):",
              markdown_table(best, index=False))
     if best["depth"].nunique() > 1:  # against depth: one depth (1,000 layers) is the table alone
         page.figure(name, steps_figure(best), "Median steps to train at each scheme's best rate against depth; "
