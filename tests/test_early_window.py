@@ -176,3 +176,45 @@ def test_figure_4d_and_pre_ln_read_the_decoder_at_the_windows_end_by_layer():
     assert early.post_gradient_vanishes(records(bottom_over_top=lambda n, d, w: 1.0))[0] is False
     met, numbers = early.pre_bottom_gradients_larger(records(bottom_over_top=lambda n, d, w: 0.5))
     assert met is False and "L100 0.5/0.5" in numbers
+
+
+# -- a review's findings (2026-12-05), each failing before its fix; none changes the published records' verdicts --
+def test_figure_5_leaves_a_depth_out_only_where_its_deciding_seeds_are_both_saturated():
+    """The deciding values are Post-LN's lowest seed and DeepNorm's highest (as figure 4's comparisons and
+    docs/comparisons.md read them): at L100, 9.5 against 9.7, both over the bound (9.05), cross only there. The
+    rule read DeepNorm's lowest seed (8.0), kept L100 and read 'false'."""
+    def crossing_above_the_bound(norm, depth, warm):
+        return {("post", 100, True): (9.5, 9.6), ("deepnorm", 100, True): (8.0, 9.7)}.get(
+            (norm, depth, warm), update(norm, depth, warm))
+    assert early.post_update_larger_than_deepnorms(records(update=crossing_above_the_bound))[0] is True
+
+
+def without_steps(e: Evidence, run: str, kind: str, keep) -> Evidence:
+    frame = e._cache[kind, early.STUDY]
+    e._cache[kind, early.STUDY] = frame[(frame["run_name"] != run) | keep(frame)]
+    return e
+
+
+def test_a_run_missing_steps_of_the_window_is_left_out_not_averaged_over_fewer_steps():
+    """Post-LN L100 with warm-up, seed 1, recorded only steps 1-10, where its update was still small (0.1): its
+    mean over them read as the window's, and Post-LN's growth fell to 0.05x ('false')."""
+    run = "post-L100-w1-s1"
+    e = without_steps(records(), run, "scalars", lambda f: f["step"] <= 10)
+    scalars = e._cache["scalars", early.STUDY]
+    scalars.loc[scalars["run_name"] == run, "model_update"] = 0.1
+    met, numbers = early.deepnorm_update_flat_with_depth(e)
+    assert met is True and "Post-LN 4.04x to 4.08x" in numbers  # seed 0 alone, as with a missing seed
+
+
+def test_ln_input_growth_compares_the_same_blocks_at_both_ends():
+    """Post-LN without warm-up at L18, seed 0: its encoder's LN inputs start at 100, its decoder's at 10, and
+    both grow 1.5x; the window's end lost the encoder's rows. Over every block at step 0 (55 on average) and
+    the decoder's alone at the end (15), it read as shrinking to 0.27x."""
+    run = "post-L18-w0-s0"
+    e = records()
+    layers = e._cache["layers", early.STUDY]
+    encoder = (layers["run_name"] == run) & (layers["stack"] == "encoder")
+    layers.loc[encoder, "ln_input_norm"] *= 10
+    e = without_steps(e, run, "layers", lambda f: (f["stack"] != "encoder") | (f["step"] != early.WINDOW))
+    met, numbers = early.post_ln_inputs_grow(e)
+    assert met is True and "Post-LN without warm-up 1.5/1.52" in numbers
