@@ -5,6 +5,7 @@ thresholds and their ordering on records built by hand."""
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -297,6 +298,10 @@ def test_a_diagnosis_older_rules_made_is_made_again_from_the_published_records()
         assert "rules" not in packed[name]["diagnosis"] and not packed[name]["diagnosis"]["also"]
         assert [f["kind"] for f in runs.loc[name, "diagnosis.also"]] == ["stream_gain_growth"]
         assert runs.loc[name, "diagnosis.rules"] == dg.RULES_VERSION
+    # a one-stream run of the same pack: the pack's layers table has the gain columns (NaN for it), its own files
+    # had none, so they are not "not measured" (was: mix_gain_forward listed for 75 of the zoo's 81 runs)
+    assert "mix_gain_forward" not in runs.loc["pre-L24-s0", "diagnosis.not_measured"]
+    assert "token_cosine" not in runs.loc["pre-L24-s0", "diagnosis.not_measured"]  # the zoo's instruments were on
     today = {"status": "completed", "diagnosis": {"kind": "trained", "rules": dg.RULES_VERSION}}
     assert not needs_diagnosis(today) and needs_diagnosis({**today, "diagnosis": {"kind": "trained", "rules": 1}})
     assert needs_diagnosis({"status": "completed", "diagnosis": "trained"})  # not a diagnosis: made again
@@ -304,17 +309,18 @@ def test_a_diagnosis_older_rules_made_is_made_again_from_the_published_records()
 
 # The rules' code as of RULES_VERSION: a change to any of it without a new version would leave every run
 # diagnosed before it, published ones included, read by the old rules
-RULES_CODE = {2: "fe51140364c21a2b"}
+RULES_CODE = {2: "fe51140364c21a2b", 3: "9df8301d9dbc59dc"}
 
 
 def test_the_rules_code_is_the_code_its_version_names():
     import hashlib
     import inspect
 
-    code = [inspect.getsource(f) for f in (dg.diagnose, dg._outcome, dg.loss_fall, dg.fall_span, dg.stream_gains,
+    code = [inspect.getsource(f) for f in (dg.diagnose, dg._outcome, dg._evaluations, dg._plateau_from, dg.loss_fall,
+                                           dg.fall_span, dg._one_per_step, dg._earliest, dg.stream_gains,
                                            *(rule for rule, _, _ in dg.FINDINGS.values()))]
     constants = (dg.COLLAPSED_COSINE, dg.VANISHING_SHARE, dg.BELOW_EPS_SHARE, dg.LOGIT_GROWTH, dg.LOG_Z_GROWTH,
-                 dg.STREAM_GAIN, dg.CONVERGED_FALL, dg.WHERE_RECORDED, list(dg.FINDINGS))
+                 dg.STREAM_GAIN, dg.CONVERGED_FALL, dg.WHERE_RECORDED, dg.AGAINST_STEP_0, list(dg.FINDINGS))
     digest = hashlib.sha256(("".join(code) + repr(constants)).encode()).hexdigest()[:16]
     assert RULES_CODE.get(dg.RULES_VERSION) == digest, (
         f"the diagnosis rules changed ({digest}): bump diagnosis.RULES_VERSION and add {{version: '{digest}'}} here")
@@ -330,3 +336,58 @@ def test_the_diagnosis_table_counts_the_runs_that_ended():
     assert diagnosis_table(runs).loc["post", 48] == "2 collapsed_at_init, 1 non_finite"
     assert list(diagnosis_table(runs).index) == ["post"]
     assert diagnosis_table(runs[runs["status"] == "running"]).empty
+
+
+# --- a review's findings (2026-12-05), each failing before its fix (RULES_VERSION 3) ---------------------------
+def evals(*pairs) -> pd.DataFrame:
+    """(step, eval loss) rows; unigram 3.0, optimal 1.0 in `summary`: the trained line is 2.8."""
+    return scalars([{"step": s, "eval_loss": v, "loss_spikes": 0.0} for s, v in pairs])  # the spike counter on
+
+
+def spike(step: int) -> pd.DataFrame:
+    return pd.DataFrame([{"event": "loss_spike", "step": step, "loss": 3.4, "median": 3.0, "k": 6.0,
+                          "deviation": 0.05}])
+
+
+def test_a_finding_after_the_run_settled_on_its_plateau_is_not_what_went_wrong_first():
+    """On the plateau from its first evaluation (step 50), a spike at step 80: the plateau came first, the spike
+    is kept under `also` (was: loss_spikes, a label a study with spikes off read as stuck_on_plateau)."""
+    found = dg.diagnose(summary(), evals((50, 3.0), (100, 3.0)), spike(80), layers([]))
+    assert found["kind"] == "stuck_on_plateau" and [f["kind"] for f in found["also"]] == ["loss_spikes"]
+    # the spike before the run fell back to the plateau (it had learned 20% at step 50): the spike came first
+    back = dg.diagnose(summary(), evals((50, 2.6), (100, 3.0)), spike(70), layers([]))
+    assert back["kind"] == "loss_spikes"
+    # before the first evaluation: the finding came first
+    assert dg.diagnose(summary(), evals((50, 3.0), (100, 3.0)), spike(40), layers([]))["kind"] == "loss_spikes"
+    # far above the unigram loss (still coming down from the initial loss) is not the plateau: the spike came first
+    coming_down = dg.diagnose(summary(), evals((50, 5.0), (100, 4.0)), spike(80), layers([]))
+    assert coming_down["kind"] == "loss_spikes"
+    # exactly at the unigram loss (learned 0%) is on it
+    assert dg.diagnose(summary(), evals((50, 3.0)), spike(80), layers([]))["kind"] == "stuck_on_plateau"
+    # a collapse at initialisation comes before any plateau
+    collapsed = layers([(0, 0, {"token_cosine": 0.999})])
+    assert dg.diagnose(summary(), evals((50, 3.0), (100, 3.0)), spike(80), collapsed)["kind"] == "collapsed_at_init"
+
+
+def test_the_rules_that_compare_with_step_0_are_not_measured_without_it():
+    """Per-layer records at step 50 alone (a resumed run whose step-0 file was lost): the collapse and the
+    logit growth could not be read, and were named as read."""
+    later = layers([(50, 0, {"token_cosine": 0.999, "attn_logit_max": 500.0})])
+    found = dg.diagnose(summary(), scalars([]), NO_EVENTS, later)
+    assert {"token_cosine", "attn_logit_max"} <= set(found["not_measured"])
+
+
+def test_the_page_says_which_quantities_its_diagnoses_could_not_read():
+    """steps_to_train ran with the instruments off: its untrained Post-LN runs read stuck_on_plateau where the
+    frontier's, instruments on, read the same models collapsed_at_init; the table now says so beneath it."""
+    from deepnorm_exp.analysis.page import unmeasured_note
+
+    runs = pd.DataFrame([{"status": "completed", "diagnosis.not_measured": ["token_cosine", "loss_spikes"]},
+                         {"status": "diverged", "diagnosis.not_measured": np.array(["token_cosine"])},
+                         {"status": "completed", "diagnosis.not_measured": [7, {"x": 1}, "<script>"]},
+                         {"status": "running", "diagnosis.not_measured": ["adam_below_eps"]}])
+    note = unmeasured_note(runs)
+    assert note.startswith("\n\nNot measured (instruments off), so the rules that read them did not run: "
+                           "`&lt;script&gt;` (1 of 3 runs), `loss_spikes` (1 of 3 runs), `token_cosine` (2 of 3 runs).")
+    assert "adam_below_eps" not in note  # a run that has not ended says nothing yet
+    assert unmeasured_note(runs.assign(**{"diagnosis.not_measured": [[]] * 4})) == ""

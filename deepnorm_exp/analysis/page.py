@@ -15,7 +15,8 @@ import pandas as pd
 from .. import records
 from . import plots
 from .escape import md_text
-from .tables import diagnosis_table
+from .runs import outcomes
+from .tables import diagnosis_table, not_measured
 
 if TYPE_CHECKING:  # the type only: evidence.py's loaders are not the page's to import
     from .evidence import Evidence
@@ -105,7 +106,20 @@ def diagnoses(page: Page, runs: pd.DataFrame, scope: str = "") -> None:
     if not table.empty:
         page.add(f"Why each run ended as it did{' (' + scope + ')' if scope else ''}: how many runs got each "
                  "diagnosis, from their records by the rules of [the diagnosis](stability.md#the-diagnosis-of-a-run):",
-                 markdown_table(table))
+                 markdown_table(table) + unmeasured_note(runs))
+
+
+def unmeasured_note(runs: pd.DataFrame) -> str:
+    """What the diagnoses of `runs` could not read, said beneath their labels ("" where they read everything):
+    a label depends on the instruments a study had on."""
+    counts, ended = not_measured(runs), len(outcomes(runs))
+    if not counts:
+        return ""
+    names = ", ".join(f"`{md_text(name)}`" + ("" if n == ended else f" ({n} of {ended} runs)")
+                      for name, n in counts.items())
+    return ("\n\nNot measured (instruments off), so the rules that read them did not run: " + names + ". A run that "
+            "did not train then reads `stuck_on_plateau` or `still_learning` where, with the instruments on, a rule "
+            "may name what came first (a collapse at initialisation, say).")
 
 
 def single_rate_label(runs: pd.DataFrame) -> str:

@@ -134,15 +134,16 @@ class Published:
         return {**summary, "diagnosis": self._diagnoses[run_name]}
 
     def _of_run(self, name: str, run_name: str) -> pd.DataFrame:
-        """One run's rows of a per-step table (a column it never recorded holds NaN: the diagnosis reads that as
-        not measured, as it does a run's own files)."""
+        """One run's rows of a per-step table, without the columns it never recorded (the pack's table holds
+        every run's columns, NaN where a run had none): as the run's own files were. The diagnosis reads an absent
+        column as not measured, except a multi-stream quantity, which a one-stream run never has."""
         frame = self.table(name)
         if frame.empty:
             return frame
         if name not in self._by_run:
             self._by_run[name] = dict(tuple(frame.groupby("run_name", sort=False)))
         rows = self._by_run[name].get(run_name)
-        return pd.DataFrame() if rows is None else rows  # a run without rows had no such file
+        return pd.DataFrame() if rows is None else rows.dropna(axis=1, how="all")  # no rows: no such file
 
     def of_runs(self, name: str, runs: pd.DataFrame) -> pd.DataFrame:
         """A per-step table (scalars, layers, events) cut to `runs`, as `load_scalars(runs)` would give it."""

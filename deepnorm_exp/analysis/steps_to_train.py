@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .page import Page, Study, charted, markdown_table
+from .page import Page, Study, charted, markdown_table, unmeasured_note
 from .plots import depth_axis, empty, norm_colors, norms_in
 from .runs import config_column, outcomes
 
@@ -220,7 +220,7 @@ def steps_section(page: Page, evidence: Evidence, name: str) -> None:
     page.add(f"Per scheme, depth and rate: seeds trained by step {SHORT_BUDGET} (`by_short`) and "
              "by the budget (`by_budget`), the median steps-to-train (the first step by which half the seeds had "
              "trained; empty: fewer than half ever did), and how the others ended (diverged, or their diagnosis):",
-             markdown_table(cells, index=False))
+             markdown_table(cells, index=False) + unmeasured_note(evidence.runs(name)))
     best = best_rates(cells)
     page.add("Each scheme's best rate per depth (the largest share of seeds trained, then the smallest median):",
              markdown_table(best, index=False))

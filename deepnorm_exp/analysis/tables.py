@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from .plots import norms_in
@@ -46,6 +47,20 @@ def diagnosis_table(runs: pd.DataFrame) -> pd.DataFrame:
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         cells.setdefault(norm, {})[int(depth)] = ", ".join(f"{n} {kind}" for kind, n in ranked)
     return norm_depth_table(cells, norms_in(ended))
+
+
+def not_measured(runs: pd.DataFrame) -> dict[str, int]:
+    """Of the runs that ended, how many had each quantity a diagnosis rule needed and could not read (its
+    instrument was off): their diagnoses' `not_measured`, read as untrusted input (anything but names dropped)."""
+    ended = outcomes(runs)
+    counts: dict[str, int] = {}
+    for names in ended.get("diagnosis.not_measured", pd.Series(dtype=object)):
+        if isinstance(names, str):
+            names = [names]
+        if isinstance(names, (list, tuple, np.ndarray)):
+            for name in {str(n) for n in names if isinstance(n, str)}:
+                counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def norm_depth_table(cells: dict[str, dict[int, str]], norms: list[str]) -> pd.DataFrame:

@@ -4,9 +4,13 @@ Each rule (RULES) reads one recorded quantity against a threshold fixed here, be
 looked at; a rule whose quantity was not recorded (an instrument turned off) is skipped and named in
 `not_measured`. Every rule that holds is a *finding* with the first step it holds at. The diagnosis is:
 
-* a run that diverged, or completed without training: the earliest finding (the first thing that went wrong;
-  at equal steps, the order of FINDINGS). A run that completed untrained with no finding is `still_learning`
-  when its held-out loss was still falling at the end, else `stuck_on_plateau`;
+* a run that diverged: the earliest finding (the first thing that went wrong; at equal steps, the order of
+  FINDINGS);
+* a run that completed without training: the same, unless the run had settled on the unigram plateau (from an
+  evaluation on, its held-out loss within `TRAINED_FRACTION` of the gap of the unigram loss) before the earliest
+  finding: then,
+  as for a run with no finding, `still_learning` when its held-out loss was still falling at the end, else
+  `stuck_on_plateau`, its findings kept under `also`;
 * a run that trained: `still_learning` or `trained` by the same test; its findings are kept under `also`.
 
 Steps are those of the records: per-layer quantities exist every `metrics.layer_every` steps (and step 0),
@@ -26,7 +30,7 @@ import pandas as pd
 
 from .. import records
 from ..rundir import RunDir
-from .summary import has_ended
+from .summary import TRAINED_FRACTION, has_ended, learned_fraction
 
 log = logging.getLogger("deepnorm_exp")
 
@@ -40,9 +44,11 @@ CONVERGED_FALL = 0.02
 
 # The rules' version, stamped on every diagnosis (`rules`). Analysis re-makes, from the run's records, a
 # diagnosis an older version made (the published records' included), so a rule added or changed reaches
-# every run on the page. 1: every diagnosis before the stamp; 2: stream_gain_growth (9493cdf). Bump it with
+# every run on the page. 1: every diagnosis before the stamp; 2: stream_gain_growth (9493cdf); 3: a finding
+# after an untrained run settled on its plateau is kept under `also`, and the rules read against step 0 need
+# step 0's records to count as measured (a review, 2026-12-05). Bump it with
 # any change to a rule or threshold (tests/test_diagnosis.py holds the rules' code to this number).
-RULES_VERSION = 2
+RULES_VERSION = 3
 OUTCOMES = ("trained", "still_learning", "stuck_on_plateau")  # kinds that are not findings
 DIVERGENCE_KINDS = ("non_finite", "loss_scale_collapse", "loss_blow_up")
 
@@ -203,6 +209,8 @@ FINDINGS: dict[str, tuple[Callable, Optional[str], Optional[str | tuple[str, ...
 # read only where recorded: a run without the column (its scheme has one stream) is not named as not measured;
 # a column there but empty is
 WHERE_RECORDED = ("stream_gain_growth",)
+# read against the records of step 0: measured only where step 0 has them
+AGAINST_STEP_0 = ("collapsed_at_init", "attention_logit_growth")
 KINDS = (*DIVERGENCE_KINDS, *(k for k in FINDINGS if k != "divergence"), *OUTCOMES)  # every value of `kind`
 
 # kind -> its rule, as the manual shows it (a threshold's number comes from its constant above)
@@ -258,28 +266,56 @@ def diagnose(summary: dict, scalars: pd.DataFrame, events: pd.DataFrame, layers:
     for kind, (rule, table, column) in FINDINGS.items():
         columns = (column,) if isinstance(column, str) else column or ()  # any of several measured will do
         read = [c for c in columns if table is not None and c in tables[table]]
-        if table is not None and not any(tables[table][c].notna().any() for c in read):
+        rows = tables[table] if table is not None else None
+        if kind in AGAINST_STEP_0 and rows is not None and "step" in rows:
+            rows = rows[rows["step"] == 0]
+        if table is not None and not any(rows[c].notna().any() for c in read):
             if kind not in WHERE_RECORDED or read:  # recorded, but never measured
                 not_measured.append(columns[0])
         elif (found := rule(summary, scalars, events, layers)) is not None:
             findings.append(found)
     order = list(FINDINGS)
     findings.sort(key=lambda f: (f["step"], order.index("divergence" if f["kind"] in DIVERGENCE_KINDS else f["kind"])))
-    if summary["status"] == "diverged" or (findings and not summary.get("trained")):
+    if summary["status"] == "diverged":
         main, also = findings[0], findings[1:]  # a diverged run always has its divergence finding
+    elif findings and not summary.get("trained") and not findings[0]["step"] > _plateau_from(summary, scalars):
+        main, also = findings[0], findings[1:]
     else:
         main, also = _outcome(summary, scalars), findings
     return {**main, "also": also, "not_measured": not_measured, "rules": RULES_VERSION}
 
 
-def _outcome(summary: dict, scalars: pd.DataFrame) -> dict:
-    """trained, still_learning or stuck_on_plateau: what a completed run with no failure finding ended as."""
+def _evaluations(summary: dict, scalars: pd.DataFrame) -> pd.Series:
+    """step -> held-out loss: the recorded evaluations, and the summary's final one where the records lack it."""
     step = int(summary.get("steps_completed") or summary.get("steps") or 0)
     evals = (scalars.dropna(subset=["eval_loss"]).set_index("step")["eval_loss"] if "eval_loss" in scalars
              else pd.Series(dtype=float))
     if summary.get("eval_loss") is not None and step not in evals.index:
         evals = pd.concat([evals, pd.Series({step: float(summary["eval_loss"])})])
-    evals = evals.sort_index()
+    return _one_per_step(evals.sort_index())
+
+
+def _plateau_from(summary: dict, scalars: pd.DataFrame) -> float:
+    """The first evaluation (after step 0) from which the run's held-out loss stayed on the unigram plateau:
+    within TRAINED_FRACTION of the gap of the unigram loss, on either side (below it the run would be trained;
+    far above it, it is still coming down from the initial loss, or has blown up). Infinite where the run did
+    not end on the plateau, or has no evaluation to date it by."""
+    evals = _evaluations(summary, scalars)
+    evals = evals[evals.index > 0]
+    unigram, optimal = float(summary.get("unigram_loss") or math.nan), summary.get("optimal_loss")
+
+    def on_plateau(loss: float) -> bool:
+        learned = learned_fraction(loss, unigram, optimal)
+        return learned is not None and abs(learned) < TRAINED_FRACTION  # NaN (no unigram loss): never
+    off = [step for step, loss in evals.items() if not on_plateau(float(loss))]
+    after = evals.index[evals.index > max(off)] if off else evals.index
+    return float(after[0]) if len(after) else math.inf
+
+
+def _outcome(summary: dict, scalars: pd.DataFrame) -> dict:
+    """trained, still_learning or stuck_on_plateau: what a completed run with no failure finding ended as."""
+    step = int(summary.get("steps_completed") or summary.get("steps") or 0)
+    evals = _evaluations(summary, scalars)
     fall = loss_fall(evals, step, float(summary.get("unigram_loss") or math.nan), summary.get("optimal_loss"))
     learned = summary.get("learned_fraction")
     state = f"learned {learned:.0%} of the unigram-to-optimal gap" if learned is not None else "learned: unknown"
