@@ -351,7 +351,10 @@ def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep
     assert len(claims) == len(CLAIMS)
     verdict = {text.strip(): outcome for text, study, outcome in claims if study == "steps_to_train"}
     all_trained = all(s["trained_at_step"] is not None for s in summaries if s["norm"] == "deepnorm")
-    assert verdict["DeepNorm trains at every depth."] == ("reproduced at this scale" if all_trained else "not reproduced")
+    # a crashed run, or runs of two budgets, the rules cannot read (steps_to_train.unreadable): not testable
+    unreadable = any(s["status"] == "failed" for s in summaries) or len({s["steps"] for s in summaries}) > 1
+    assert verdict["DeepNorm trains at every depth."] == (
+        "not testable here" if unreadable else "reproduced at this scale" if all_trained else "not reproduced")
     assert dict((s, o) for _, s, o in claims)["paper_1000l"] == "not testable here"
     # the tiny sweep's own sweeps.jsonl: its one invocation, timed, with its launcher
     assert re.search(r"\| `quickstart` \| `[^`]+` \| \d+ steps, warm-up \d+[^|]* \| \d+ (s|min \d\d s) elapsed; 13 runs, \d+ (s|min \d\d s) of run "
