@@ -45,7 +45,7 @@ from .escape import md_text
 from .frontier_law import fit_frontier_law
 from .page import Page, Study, charted, markdown_table
 from .steps_to_train import median_steps
-from .tables import norm_depth_table
+from .tables import counted, norm_depth_table
 from ..lifecycle.diagnosis import COLLAPSED_COSINE
 
 if TYPE_CHECKING:
@@ -168,9 +168,7 @@ def failures(runs: pd.DataFrame) -> pd.DataFrame:
         diagnosis = failed.get("diagnosis.kind", pd.Series("none", index=failed.index)).fillna("none")
         kinds = np.where(failed["status"].eq("diverged"), "diverged", np.where(
             ended, diagnosis, np.where(failed["status"].eq("failed"), "failed", "unfinished")))
-        counts = pd.Series(kinds, dtype=object).value_counts()
-        rows.append({"norm": norm, "depth": int(depth),
-                     "failures": ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))})
+        rows.append({"norm": norm, "depth": int(depth), "failures": counted(kinds)})
     return pd.DataFrame(rows, columns=["norm", "depth", "failures"])
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 
 from .evidence import Evidence
 from .frontier_law import frontier_cells
+from .plots import NORM_NAMES
 from . import early_window as early
 from . import final_quality as final
 from . import steps_to_train
@@ -87,7 +88,7 @@ def frontier_flatter_for_deepnorm(e: Evidence):
     if frontier.empty:
         return None, "the frontier sweep has not finished (no frontier.json)"
     cells = frontier_cells(frontier)
-    cells = cells[~cells["error"] & cells["norm"].isin(SCHEME_NAMES)]
+    cells = cells[~cells["error"] & cells["norm"].isin(("post", "deepnorm"))]
     below, cells = cells[cells["lo"].isna()], cells[cells["lo"].notna()]
     # over the depths both have, so that the two falls span the same range (a depth whose cells all failed
     # would otherwise shorten one scheme's span)
@@ -118,9 +119,6 @@ def frontier_flatter_for_deepnorm(e: Evidence):
                          else " (the ranges overlap: the data cannot tell which fell more)") + aside
 
 
-SCHEME_NAMES = {"post": "Post-LN", "deepnorm": "DeepNorm"}
-
-
 def frontier_fall(cells: pd.DataFrame, shallowest: int, deepest: int) -> tuple[float, float]:
     """(at least, at most) one scheme's frontier fell from the shallowest to the deepest depth, over its
     seeds' brackets; an open end makes a bound 0 or infinite."""
@@ -141,7 +139,7 @@ def below_the_range(e: Evidence, below: pd.DataFrame) -> str:
     if why := steps_to_train.unreadable(e.runs(STEPS_STUDY)):
         return head + f" ({STEPS_STUDY}'s long budget cannot be read: {why})"
     ran, finished = steps_to_train.run_outcomes(e.runs(STEPS_STUDY)), e.finished(STEPS_STUDY)
-    read = [f"{SCHEME_NAMES[norm]} at L{depth}: " + steps_to_train.at_long_budget(ran, norm, depth, finished)
+    read = [f"{NORM_NAMES[norm]} at L{depth}: " + steps_to_train.at_long_budget(ran, norm, depth, finished)
             for norm, depth in sorted(set(zip(below["norm"], below["depth"])), key=lambda nd: (nd[0] != "post", nd))]
     return head + f" and read at {STEPS_STUDY}'s long budget: " + "; ".join(read)
 

@@ -188,7 +188,7 @@ def _compare(values: Values, what: str, against: list[tuple[str, bool]], above: 
         return None, f"{what}: Post-LN without warm-up and {', '.join(n for n, _ in against)} need runs at L{FIG4_DEPTH}"
 
     def name(n: str, w: bool) -> str:
-        return {"post": "Post-LN", "post_init": "Post-LN-init", "deepnorm": "DeepNorm"}.get(n, n) + (
+        return plots.NORM_NAMES.get(n, n) + (
             " with warm-up" if w else " without")
     post = values[key]
     text = f"{what} at L{FIG4_DEPTH} (per seed): Post-LN without warm-up {_seeds(post)}; " + "; ".join(

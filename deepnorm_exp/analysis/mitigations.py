@@ -13,6 +13,7 @@ import pandas as pd
 
 from .page import Page, Study, markdown_table
 from .runs import config_column, outcomes
+from .tables import counted
 
 if TYPE_CHECKING:
     from .evidence import Evidence
@@ -54,12 +55,11 @@ def mitigation_table(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (norm, mitigation), group in ended.groupby(["norm", "mitigation"], sort=True):
         losses = group.loc[group["status"].eq("completed"), "eval_loss"].dropna()
-        kinds = group["diagnosis.kind"].value_counts() if "diagnosis.kind" in group else pd.Series(dtype=int)
         rows.append({
             "norm": norm, "mitigation": mitigation, "depth": ", ".join(str(int(d)) for d in sorted(group["depth"].unique())),
             "trained": f"{int(group['trained'].eq(True).sum())}/{len(group)}",
             "eval loss": f"{losses.mean():.3f}" + (f" ± {losses.std():.3f}" if len(losses) > 1 else "") if len(losses) else "–",
-            "diagnosis": ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "diagnosis": counted(group.get("diagnosis.kind", pd.Series(dtype=object)).dropna()),
             "verdict": verdict(share.get((norm, NONE)), share[(norm, mitigation)]) if mitigation != NONE else "",
         })
     return pd.DataFrame(rows)

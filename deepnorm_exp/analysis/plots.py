@@ -30,6 +30,10 @@ def norms_in(frame: pd.DataFrame) -> list[str]:
     return [n for n in NORM_ORDER if n in present] + sorted(n for n in present if n not in NORM_ORDER)
 
 
+# the schemes' names as the paper writes them, where a page's sentence names one
+NORM_NAMES = {"post": "Post-LN", "post_init": "Post-LN-init", "pre": "Pre-LN", "deepnorm": "DeepNorm"}
+
+
 def norm_colors(norms: Sequence[str]) -> dict:
     """A distinct colour per scheme: tab10 up to ten schemes, tab20 beyond (the zoo has 14)."""
     cmap = colormaps["tab10" if len(norms) <= 10 else "tab20"]

@@ -38,6 +38,7 @@ from matplotlib.figure import Figure
 from .page import Page, Study, charted, markdown_table, unmeasured_note
 from .plots import depth_axis, empty, norm_colors, norms_in
 from .runs import config_column, outcomes
+from .tables import counted
 
 if TYPE_CHECKING:
     from .evidence import Evidence
@@ -74,12 +75,11 @@ def cell_table(ran: pd.DataFrame) -> pd.DataFrame:
     how the seeds that did not train ended."""
     rows = []
     for (norm, depth, lr), cell in ran.groupby(CELL, sort=True, dropna=False):  # a run of unknown rate counts
-        failed = cell.loc[cell["ended"] != "trained", "why"].value_counts()
         rows.append({"norm": norm, "depth": depth, "lr": lr, "seeds": len(cell), "budget": int(cell["budget"].max()),
                      "by_short": int((cell["trained_at"] <= SHORT_BUDGET).sum()),
                      "by_budget": int(cell["trained_at"].notna().sum()),
                      "median": median_steps(cell["trained_at"]),
-                     "not_trained": ", ".join(f"{n} {kind}" for kind, n in sorted(failed.items(), key=lambda kv: (-kv[1], kv[0])))})
+                     "not_trained": counted(cell.loc[cell["ended"] != "trained", "why"])})
     return pd.DataFrame(rows, columns=[*CELL, "seeds", "budget", "by_short", "by_budget", "median", "not_trained"])
 
 
@@ -129,10 +129,8 @@ def at_long_budget(ran: pd.DataFrame, norm: str, depth: int, finished: bool) -> 
         return "no run at the long budget at this depth"
     if not finished:
         return f"none of its {len(of)} runs at the long budget has trained so far (the sweep has not finished)"
-    ends = of["why"].value_counts()
     return (f"trains at no rate ({of['lr'].min():.3g} to {of['lr'].max():.3g}) within {int(of['budget'].max()):,} "
-            f"steps ({len(of)} runs: " + ", ".join(f"{n} {why}" for why, n in sorted(ends.items(),
-                                                                                   key=lambda kv: (-kv[1], kv[0]))) + ")")
+            f"steps ({len(of)} runs: {counted(of['why'])})")
 
 
 def fails(cells: pd.DataFrame, norm: str, depth: int) -> bool:

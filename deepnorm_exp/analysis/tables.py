@@ -35,6 +35,13 @@ def comparison_table(runs: pd.DataFrame, metric: str = "eval_loss", untrained: b
     return norm_depth_table(cells, norms_in(runs))
 
 
+def counted(values) -> str:
+    """"2 collapsed_at_init, 1 stuck_on_plateau": how many of `values` are each value, most first, then by name
+    (missing values are not counted: a caller that wants them names them first)."""
+    counts = pd.Series(list(values), dtype=object).value_counts()
+    return ", ".join(f"{n} {value}" for value, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def diagnosis_table(runs: pd.DataFrame) -> pd.DataFrame:
     """norm x depth: how many of the runs that ended got each diagnosis (lifecycle/diagnosis.py), most first:
     "2 collapsed_at_init, 1 stuck_on_plateau"."""
@@ -43,9 +50,7 @@ def diagnosis_table(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     cells: dict[str, dict[int, str]] = {}
     for (norm, depth), group in ended.groupby(["norm", "depth"]):
-        counts = group["diagnosis.kind"].fillna("none").value_counts(sort=False)
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        cells.setdefault(norm, {})[int(depth)] = ", ".join(f"{n} {kind}" for kind, n in ranked)
+        cells.setdefault(norm, {})[int(depth)] = counted(group["diagnosis.kind"].fillna("none"))
     return norm_depth_table(cells, norms_in(ended))
 
 
