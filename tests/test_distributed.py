@@ -85,7 +85,7 @@ def test_two_ranks_train_what_one_process_trains(runs, parallel):
         assert_close(per_layer_one[column].tolist(), per_layer_two[column].tolist(), rel=1e-4)
 
 
-@pytest.mark.parametrize("norm", ["hyper_connections", "mhc", "value_residual", "attn_res"])
+@pytest.mark.parametrize("norm", ["hyper_connections", "mhc", "value_residual", "attn_res", "frac_connections"])
 def test_the_residual_stream_designs_train_under_fsdp2_as_on_one_process(tmp_path, norm):
     """Schemes whose state is wider than the stream (n streams, the first layer's values, Block AttnRes's blocks)
     and whose parameters are vectors and small matrices: FSDP2 shards them and trains what one process trains."""

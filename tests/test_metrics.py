@@ -375,19 +375,21 @@ def _numpy_sinkhorn(logits: np.ndarray, rounds: int) -> np.ndarray:
     return m
 
 
-@pytest.mark.parametrize("norm", ["hyper_connections", "mhc"])
+@pytest.mark.parametrize("norm", ["hyper_connections", "mhc", "frac_connections"])
 def test_stream_mixing_matches_numpy_on_static_mixings_drawn_away(norm):
     """Static connections (norm.dynamic=false: H_res the same at every position), their weights drawn off
     the init: each block's H_res rebuilt from its parameters with numpy (HC: A_r transposed; mHC: Sinkhorn
-    of exp(b_res), columns then rows), its spectral norm by SVD, its distance from doubly stochastic by
-    definition, and the gains of the running product within each stack (encoder, then decoder afresh)."""
+    of exp(b_res), columns then rows; frac-connections: R transposed, the fractions its streams), its spectral
+    norm by SVD, its distance from doubly stochastic by definition, and the gains of the running product
+    within each stack (encoder, then decoder afresh)."""
     from deepnorm_exp.metrics.stream_mixing import StreamMixing
 
-    model = tiny(f"norm={norm}", "norm.dynamic=false", "model=encdec", "depth=2", "norm.streams=3").double().eval()
+    n = ["norm.fractions=3", "model.d_model=48"] if norm == "frac_connections" else ["norm.streams=3"]
+    model = tiny(f"norm={norm}", "norm.dynamic=false", "model=encdec", "depth=2", *n).double().eval()
     generator = torch.Generator().manual_seed(4)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() <= 2 and p.shape[-1] in (3 + 1, 3 + 3 + 9):  # HC's [A_m | A_r], mHC's [b_pre | b_post | b_res]
+        for p in model.parameters():  # HC's [A_m | A_r], mHC's [b_pre | b_post | b_res], FC's [A | R | B]
+            if p.dim() <= 2 and p.shape[-1] in (3 + 1, 3 + 3 + 9, 3 * 3):
                 p.add_(0.4 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
     index = BlockIndex.of(model)
     batch = {"src": lm_batch(n=2, seq=7)["tokens"], "tgt": lm_batch(n=2, seq=9, seed=2)["tokens"]}
@@ -396,6 +398,8 @@ def test_stream_mixing_matches_numpy_on_static_mixings_drawn_away(norm):
     for position, (block, stack) in enumerate(zip(index.blocks, index.stacks)):
         if norm == "mhc":
             h = _numpy_sinkhorn(block.bias.detach().numpy()[6:].reshape(3, 3), 20)
+        elif norm == "frac_connections":
+            h = block.static.detach().numpy()[:, 3:6].T
         else:
             h = block.static_alpha.detach().numpy()[:, 1:].T
         products[stack] = h @ products[stack] if stack in products else h
@@ -405,7 +409,7 @@ def test_stream_mixing_matches_numpy_on_static_mixings_drawn_away(norm):
                     "mix_gain_forward": np.abs(product).sum(1).max(), "mix_gain_backward": np.abs(product).sum(0).max()}
         for name, value in expected.items():
             assert stats[name][position] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, position)
-    if norm == "hyper_connections":  # drawn away, A_r is far from doubly stochastic and its product grows
+    if norm != "mhc":  # drawn away, A_r (R) is far from doubly stochastic and its product grows
         assert stats["mix_ds_distance"].min() > 0.1 and stats["mix_gain_forward"][-1] > 1.5
     else:  # Sinkhorn: every H_res doubly stochastic to its rounds, so no product can grow
         assert stats["mix_ds_distance"].max() < 1e-6 and stats["mix_gain_forward"].max() < 1 + 1e-6

@@ -41,7 +41,8 @@ def test_tied_and_untied_heads():
     assert n_untied - n_tied == 256 * 32
 
 
-@pytest.mark.parametrize("norm", ["deepnorm", "resi_dual", "hyper_connections", "mhc", "value_residual", "attn_res"])
+@pytest.mark.parametrize("norm", ["deepnorm", "resi_dual", "hyper_connections", "mhc", "value_residual", "attn_res",
+                                  "frac_connections"])
 def test_activation_checkpointing_gives_the_same_loss_and_gradients(norm):
     """Schemes whose state carries more than the stream (a second stream, n streams, the first layer's values)
     too: what a recomputed block reads is what it read the first time, and gradients reach every layer."""
