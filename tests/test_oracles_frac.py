@@ -47,15 +47,33 @@ def ghc_depth_connection(mix_h, h_o, beta, m):
     return h.reshape(h.shape[:-2] + (h.shape[-2] * h.shape[-1],))
 
 
+def ghc_parameters(connection, m):
+    """`GHyperConnection.__init__`'s parameters at its printed shapes (n_in = m, dim = d), their values read
+    from ours: static_alpha m x 2m, static_beta m x m, dynamic_alpha_fn d/m x 2m, dynamic_beta_fn d/m x m,
+    each dynamic scale shaped as its static matrix."""
+    width = connection.sublayer.d_model // m
+    shapes = {"static_alpha": (m, 2 * m), "static_beta": (m, m), "dynamic_alpha_fn": (width, 2 * m),
+              "dynamic_beta_fn": (width, m), "dynamic_alpha_scale": (m, 2 * m), "dynamic_beta_scale": (m, m)}
+    theirs = {"static_alpha": connection.static[:, :2 * m], "static_beta": connection.static[:, 2 * m:],
+              "dynamic_alpha_fn": connection.dynamic_map[:, :2 * m], "dynamic_beta_fn": connection.dynamic_map[:, 2 * m:],
+              "dynamic_alpha_scale": connection.dynamic_scale[:, :2 * m],
+              "dynamic_beta_scale": connection.dynamic_scale[:, 2 * m:]}
+    assert {name: tuple(value.shape) for name, value in theirs.items()} == shapes
+    return theirs
+
+
 def ghc_sublayer(h, connection, m, scale=1.0, factor=None, mixed_carry=True):
     """Algorithm 3's attention (or FFN) block: width connection, the first m rows as the branch input through
     the block's norm and sublayer, then the depth connection. The pseudocode's parameters from ours:
     static_alpha | static_beta side by side as `static`, dynamic_alpha_fn.T and dynamic_beta_fn.T stacked as
     `dynamic_map`.T, the two dynamic scales side by side as `dynamic_scale`."""
     factor = 1.0 / math.sqrt(h.shape[-1] // m) if factor is None else factor
-    mix_h, beta = ghc_width_connection(h, m, connection.static, connection.dynamic_map.T,
-                                       connection.dynamic_scale * scale, connection.fraction_norm, factor,
-                                       mixed_carry)
+    theirs = ghc_parameters(connection, m)
+    static_scale = torch.cat([theirs["static_alpha"], theirs["static_beta"]], dim=-1)
+    dynamic_fn = torch.cat([theirs["dynamic_alpha_fn"].T, theirs["dynamic_beta_fn"].T], dim=0)
+    dynamic_scale = torch.cat([theirs["dynamic_alpha_scale"], theirs["dynamic_beta_scale"]], dim=-1)
+    mix_h, beta = ghc_width_connection(h, m, static_scale, dynamic_fn, dynamic_scale * scale,
+                                       connection.fraction_norm, factor, mixed_carry)
     branch = mix_h[..., :m, :].reshape(mix_h.shape[:-2] + (m * mix_h.shape[-1],))
     out = connection.sublayer(connection.norm(branch))
     return ghc_depth_connection(mix_h, out, beta, m)

@@ -270,7 +270,8 @@ def test_the_memory_estimate_holds_every_schemes_activations_within_a_factor_of_
     streams = [["norm.streams=1"], ["norm.streams=8"], ["norm.dynamic=false"]]  # its estimate grows with n
     variants = [("hyper_connections", e) for e in streams] + [("mhc", e) for e in [*streams, ["norm.sinkhorn_rounds=5"]]] \
         + [("attn_res", ["norm.blocks=1"]), ("attn_res", ["norm.blocks=2"])] \
-        + [("frac_connections", e) for e in (["norm.fractions=1"], ["norm.fractions=16"], ["norm.dynamic=false"])]
+        + [("frac_connections", e) for e in (["norm.fractions=1"], ["norm.fractions=16"], ["norm.fractions=64"],
+                                                    ["norm.dynamic=false"])]
     for norm, extra in [(name, []) for name in SCHEMES.names()] + variants:
         cfg = deepnorm_exp.compose([f"norm={norm}", *extra, f"model.ffn={ffn}", "train.precision=fp32",
                                     "train.batch_size=2", "train.seq_len=16", "depth=2"])

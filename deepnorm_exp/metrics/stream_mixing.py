@@ -1,4 +1,4 @@
-"""How the residual streams of a multi-stream scheme mix (Hyper-Connections, mHC): each block's stream mixing
+"""How the residual streams of a multi-stream scheme mix (Hyper-Connections, mHC; Frac-Connections, whose fractions are its streams): each block's stream mixing
 H_res (n x n, the matrix that carries the streams past the sublayer) and their product over depth, the
 composite mapping whose gain the mHC paper (Xie et al. 2025, section 3.1 and Fig. 3) saw reach about 3,000 in
 an unconstrained HC model, and which a doubly stochastic H_res holds at 1."""
