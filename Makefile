@@ -46,8 +46,8 @@ dashboards: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m deepnorm_exp.analysis.notebooks runs/$(EXPERIMENT)
 
-# docs/results.md and its figures from every study's records (runs/<study>/published/, packed first from
-# the raw runs where there are any), the generated blocks of the README and of the manual's pages (the
+# docs/configuration.md from the schema; docs/results.md and its figures from every study's records
+# (runs/<study>/published/, packed first from the raw runs where there are any), the generated blocks of the README and of the manual's pages (the
 # claims' tally, the presets' times, the quick start's, zoo's, learning-rate and frontier tables) and
 # conf/tuned_lr/lr_study.yaml from the same records.
 RUNS ?= runs
@@ -56,6 +56,7 @@ README ?= README.md
 CONF ?= conf
 BLOCKS = $(README) $(filter-out $(DOCS)/results.md,$(wildcard $(DOCS)/*.md))
 results: $(STAMP)
+	$(PY) -m deepnorm_exp.reference $(DOCS)/configuration.md
 	$(PY) -m deepnorm_exp.analysis.results $(RUNS) --out $(DOCS) $(if $(strip $(BLOCKS)),--blocks $(BLOCKS)) $(if $(CONF),--conf $(CONF))
 
 # The depth comparison at the paper's width on one GPU (conf/experiment/gpu_depth.yaml; under 8 minutes on an

@@ -284,6 +284,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="the page to write (docs/configuration.md)")
     args = parser.parse_args(argv)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_text(Path(args.out), page())
     print(f"{args.out}: every configuration key, from the schema")
 

@@ -330,6 +330,9 @@ def test_make_results_writes_the_page_and_the_generated_blocks_from_a_tiny_sweep
                            f"DOCS={tmp_path / 'docs'}", f"README={readme}", f"CONF={tmp_path / 'conf'}"], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr
+    # The configuration page is generated too: a scheme's YAML edited without it left CI's stop 54 red.
+    from deepnorm_exp import reference
+    assert (tmp_path / "docs" / "configuration.md").read_text() == reference.page()
     page = (tmp_path / "docs" / "results.md").read_text()
     sections = dict(re.findall(r"\n## ([^\n]+)\n(.*?)(?=\n## |\Z)", page, re.S))
     assert "Not run yet." not in sections["Depth sweep, decoder-only"] + sections["Quick start"]
