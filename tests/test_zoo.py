@@ -108,6 +108,46 @@ def test_mixln_is_post_ln_below_and_pre_ln_above(overrides, post):
     assert isinstance(model.final_norm, nn.LayerNorm)  # even when every layer is Post-LN, as the official code
 
 
+def keel_stack(model, tokens, alpha: float, eps: float) -> torch.Tensor:
+    """Keel's eq. 8 written out (arXiv 2601.19895 v2): x <- RMS_1(a x + G(RMS_2(x))) per sublayer, a = alpha but
+    1 in the first block, whose attention is x + G(RMS(x)); RMS(x) = x / sqrt(mean(x^2) + eps) * gain."""
+    def rms(x, norm):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm.weight
+    x = model.embed(tokens)
+    for layer, block in enumerate(model.blocks):
+        for residual in (block.attn, block.ffn):
+            if layer == 0 and residual is block.attn:
+                x = x + residual.sublayer(rms(x, residual.norm))
+            else:
+                x = rms((1.0 if layer == 0 else alpha) * x + residual.sublayer(rms(x, residual.branch_norm)),
+                        residual.norm)
+    return x
+
+
+@pytest.mark.parametrize("overrides, alpha", [([], 2 * 5), (["norm.alpha=3.5"], 3.5)])
+def test_keel_is_eq_8_with_alpha_the_number_of_sublayers_and_a_pre_ln_first_attention(overrides, alpha):
+    model, scheme = build("keel", 5, *WIDE, *overrides)
+    with torch.no_grad():  # gains off 1, so a norm read in the wrong place shows
+        for norm in norms_in(model):
+            norm.weight.uniform_(0.5, 1.5)
+    tokens = torch.randint(0, 256, (2, 7))
+    assert torch.allclose(model.hidden(tokens), keel_stack(model, tokens, alpha, 1e-5), atol=1e-5)
+    assert isinstance(model.final_norm, nn.Identity) and all(type(n) is nn.RMSNorm for n in norms_in(model))
+    assert len(norms_in(model)) == 2 * 2 * 5 - 1  # two a sublayer, one in the first attention
+    assert scheme.constants()["residual_multiplier"] == {"decoder": alpha}
+    off = keel_stack(model, tokens, alpha * 1.01, 1e-5)  # a negative control: alpha 1% off shows
+    assert not torch.allclose(model.hidden(tokens), off, atol=1e-5)
+
+
+def test_keel_in_an_encoder_decoder_counts_each_stacks_sublayers_and_treats_the_first_cross_attention_as_the_ffn():
+    encdec, scheme = build("keel", 3, *WIDE, "model.decoder_depth=4", model="encdec")
+    assert scheme.constants()["residual_multiplier"] == {"encoder": 6.0, "decoder": 12.0}
+    first, second = encdec.decoder[0], encdec.decoder[1]
+    assert type(first.attn).__name__ == "PreNormResidual"
+    assert first.cross.alpha == 1.0 and first.ffn.alpha == 1.0 and second.cross.alpha == 12.0
+    assert encdec.encoder[1].attn.alpha == 6.0 and type(encdec.encoder[0].attn).__name__ == "PreNormResidual"
+
+
 def test_subln_puts_a_norm_inside_each_sublayer_and_scales_the_init_by_gamma():
     depth = 12
     model, scheme = build("subln", depth, *WIDE)

@@ -1,0 +1,74 @@
+"""Keel (Chen and Wei 2026, "Post-LayerNorm Is Back: Stable, ExpressivE, and Deep", arXiv 2601.19895; v2 of
+30 Jan 2026 followed): Post-LN whose residual is scaled by a large constant, with a norm on the branch's input,
+
+    x_{l+1} = N_1(alpha x_l + G_l(N_2(x_l))),   alpha = L, the number of sublayers      (eq. 8, section 3)
+
+N an RMS norm with a learned gain and no bias (section 3.1, eq. 9; `norm.layer=layernorm` offers LayerNorm).
+The paper's L counts residual connections, attention and FFN alike (its footnote 1): a decoder of M layers has
+alpha = 2M. Its footnote 2 lets a small model tune alpha (> 1): `norm.alpha`. An encoder-decoder, which the
+paper did not train, takes each stack's own count here (2N in the encoder, 3M in a decoder with
+cross-attention): our reading.
+
+The first block (section 3.1, figure 2): the very first attention sublayer has neither the outer norm nor alpha,
+x + G(N(x)) as Pre-LN; the first FFN keeps the outer norm with alpha 1, N(x + G(N(x))). The paper's v1
+(27 Jan) removed the outer norm from both. A decoder's first cross-attention is treated as its FFN.
+
+No initialisation of its own (the paper's point): the zoo's Xavier-normal. No final norm: the last sublayer's
+outer norm already normalises the stack's output, as in Post-LN. No official code was found (docs/schemes.md);
+tests/test_zoo.py holds the blocks to eq. 8 written out independently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import nn
+
+from ..config import setting
+from . import register
+from .base import NORM_LAYERS, NormedConfig
+from .post import PostNorm
+from .pre import PreNormResidual
+
+
+@dataclass
+class KeelConfig(NormedConfig):
+    layer: str = setting("rmsnorm", choices=NORM_LAYERS)  # layernorm | rmsnorm (the paper's: gain, no bias)
+    alpha: Optional[float] = setting(None, check="positive_number", null="the stack's number of sublayers")  # the residual's scale (footnote 2: tunable on small models)
+
+
+class HighwayPostNormResidual(nn.Module):
+    """norm(alpha x + G(branch_norm(x))). `norm` is the outer one, on the residual sum (what the LN-input
+    instrument reads, as in Post-LN); `branch_norm` the one on the branch's input."""
+
+    def __init__(self, sublayer: nn.Module, norm: nn.Module, branch_norm: nn.Module, alpha: float):
+        super().__init__()
+        self.sublayer, self.norm, self.branch_norm, self.alpha = sublayer, norm, branch_norm, alpha
+
+    def forward(self, x, *args, **kwargs):
+        return self.norm(self.alpha * x + self.sublayer(self.branch_norm(x), *args, **kwargs))
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha:.6g}"
+
+
+@register("keel")
+class Keel(PostNorm):
+    Config = KeelConfig
+    cfg: KeelConfig
+
+    def sublayers(self, stack: str) -> int:
+        """The residual connections in `stack`: two a layer, three in a decoder that cross-attends."""
+        per_layer = 3 if stack == "decoder" and "encoder" in self.depths else 2
+        return per_layer * self.depths[stack]
+
+    def residual_multiplier(self, stack: str) -> float:  # the paper's alpha, from the second block on
+        return self.cfg.alpha if self.cfg.alpha is not None else float(self.sublayers(stack))
+
+    def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
+        d_model = sublayer.d_model
+        if layer == 0 and sublayer.kind == "attention":
+            return PreNormResidual(sublayer, self.norm(d_model))
+        alpha = 1.0 if layer == 0 else self.residual_multiplier(stack)
+        return HighwayPostNormResidual(sublayer, self.norm(d_model), self.norm(d_model), alpha)
