@@ -139,6 +139,15 @@ def test_keel_is_eq_8_with_alpha_the_number_of_sublayers_and_a_pre_ln_first_atte
     assert not torch.allclose(model.hidden(tokens), off, atol=1e-5)
 
 
+def test_keel_norms_have_no_bias_and_its_paper_init_draws_n_0_002():
+    layernorm, _ = build("keel", 3, *WIDE, "norm.layer=layernorm")
+    assert norms_in(layernorm) and all(n.bias is None and n.weight is not None for n in norms_in(layernorm))
+    paper, _ = build("keel", 3, *WIDE, "norm.init=paper")
+    xavier, _ = build("keel", 3, *WIDE)
+    assert role_std(paper.blocks[1].ffn, "fc2") == pytest.approx(0.02, rel=0.05)
+    assert role_std(xavier.blocks[1].ffn, "fc2") == pytest.approx(xavier_std(256, 64), rel=0.05)
+
+
 def test_keel_in_an_encoder_decoder_counts_each_stacks_sublayers_and_treats_the_first_cross_attention_as_the_ffn():
     encdec, scheme = build("keel", 3, *WIDE, "model.decoder_depth=4", model="encdec")
     assert scheme.constants()["residual_multiplier"] == {"encoder": 6.0, "decoder": 12.0}

@@ -13,9 +13,15 @@ The first block (section 3.1, figure 2): the very first attention sublayer has n
 x + G(N(x)) as Pre-LN; the first FFN keeps the outer norm with alpha 1, N(x + G(N(x))). The paper's v1
 (27 Jan) removed the outer norm from both. A decoder's first cross-attention is treated as its FFN.
 
-No initialisation of its own (the paper's point): the zoo's Xavier-normal. No final norm: the last sublayer's
-outer norm already normalises the stack's output, as in Post-LN. No official code was found (docs/schemes.md);
-tests/test_zoo.py holds the blocks to eq. 8 written out independently.
+Init: the zoo's Xavier-normal by default, as every scheme whose rule is not an init; `norm.init=paper` is the
+paper's training recipe (appendix C, table 8: every projection N(0, 0.02^2), biases 0), which at d_model 64
+gives the branch about a sixth of Xavier's scale beside alpha x. No final norm: the last sublayer's outer norm
+already normalises the stack's output, as in Post-LN (figure 2 draws none). No official code was found
+(docs/schemes.md); tests/test_zoo.py holds the blocks to eq. 8 written out independently.
+
+What the instruments read: `ln_input_norm` is the outer norm's input, alpha x + G, about alpha sqrt(d) by design
+(the paper's eq. 18: its Jacobian stays near 1, so a large value is not Post-LN's warning here); block 0's
+attention, Pre-LN, reads the stream there.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 from torch import nn
 
 from ..config import setting
@@ -32,10 +39,16 @@ from .post import PostNorm
 from .pre import PreNormResidual
 
 
+INITS = ("xavier", "paper")
+PAPER_STD = 0.02  # appendix C, table 8
+
+
 @dataclass
 class KeelConfig(NormedConfig):
     layer: str = setting("rmsnorm", choices=NORM_LAYERS)  # layernorm | rmsnorm (the paper's: gain, no bias)
-    alpha: Optional[float] = setting(None, check="positive_number", null="the stack's number of sublayers")  # the residual's scale (footnote 2: tunable on small models)
+    alpha: Optional[float] = setting(None, check="positive_number", null="the stack's number of sublayers")  # the residual's scale (footnote 2: tunable, > 1, on small models)
+    # (absent: a run stored before the key trained Xavier)
+    init: str = setting("xavier", choices=INITS, absent="xavier")  # xavier | paper: N(0, 0.02^2) (its table 8)
 
 
 class HighwayPostNormResidual(nn.Module):
@@ -65,6 +78,21 @@ class Keel(PostNorm):
 
     def residual_multiplier(self, stack: str) -> float:  # the paper's alpha, from the second block on
         return self.cfg.alpha if self.cfg.alpha is not None else float(self.sublayers(stack))
+
+    def norm(self, d_model: int) -> nn.Module:
+        """RMSNorm, or LayerNorm without its bias: the paper's norms have a gain and no bias (section 3.1)."""
+        if self.cfg.layer == "layernorm":
+            return nn.LayerNorm(d_model, eps=self.eps, bias=False)
+        return super().norm(d_model)
+
+    @torch.no_grad()
+    def init_sublayer(self, sublayer, stack: str, layer: int) -> None:
+        if self.cfg.init == "xavier":
+            return super().init_sublayer(sublayer, stack, layer)
+        for _, weight, bias in sublayer.projections():
+            nn.init.normal_(weight, std=PAPER_STD)
+            if bias is not None:
+                bias.zero_()
 
     def residual(self, sublayer: nn.Module, stack: str, layer: int) -> nn.Module:
         d_model = sublayer.d_model
