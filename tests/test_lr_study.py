@@ -72,3 +72,24 @@ def test_the_tuned_rate_table_holds_each_cells_best_rate_and_flags_the_edges(run
     assert "L6: 0.001  # the low end of the grid" in text and "L24: 0.1  # the high end of the grid" in text
     cells = curve_table(lr_curves(runs))
     assert cells.loc[("post", 6), "0.01"] == "4.500 (1 div)" and cells.loc[("pre", 24), "0.001"] == "4.200"
+
+
+def test_a_cell_whose_grid_of_rates_is_not_whole_gets_no_tuned_rate(runs):
+    """Was: a sweep stopped between runs (or narrowed to some rates) wrote the best of the rates it had run as
+    the cell's tuned rate, which the next study would have trained at."""
+    from omegaconf import OmegaConf
+
+    from deepnorm_exp.analysis.lr_study import partial_cells, tuned_lr_yaml
+
+    params = {"train.lr": "1e-3,1e-2,1e-1", "seed": "0", "depth": "6,24"}
+    assert partial_cells(runs, params) == {}
+    short = runs[~((runs["norm"] == "pre") & (runs["depth"] == 24) & (runs["train.lr"] == 1e-1))]
+    partial = partial_cells(short, params)
+    assert partial == {("pre", 24): "2 of 3 rates ended"}
+    text = tuned_lr_yaml(lr_summary(short), "lr_study", partial)
+    assert OmegaConf.to_container(OmegaConf.create(text).rates) == {"post": {"L6": 1e-3}, "pre": {"L6": 1e-2}}
+    assert "# pre L24: 2 of 3 rates ended, no rate until the grid is whole" in text
+    running = runs.assign(status=runs["status"].mask((runs["norm"] == "pre") & (runs["depth"] == 6), "running"))
+    assert set(partial_cells(running, {**params, "seed": "0"})) == {("pre", 6)}  # a run not ended is no rate
+    assert partial_cells(short, {**params, "seed": "0,1"}).keys() == {("pre", 6), ("pre", 24)}  # one seed of two
+    assert partial_cells(short, None) == {} and partial_cells(short, {"train.lr": "interval(1e-4,1e-1)"}) == {}
