@@ -108,34 +108,40 @@ def test_mixln_is_post_ln_below_and_pre_ln_above(overrides, post):
     assert isinstance(model.final_norm, nn.LayerNorm)  # even when every layer is Post-LN, as the official code
 
 
-def keel_stack(model, tokens, alpha: float, eps: float) -> torch.Tensor:
+def keel_stack(x, blocks, alpha: float, eps: float, names=("attn", "ffn"), args=None) -> torch.Tensor:
     """Keel's eq. 8 written out (arXiv 2601.19895 v2): x <- RMS_1(a x + G(RMS_2(x))) per sublayer, a = alpha but
-    1 in the first block, whose attention is x + G(RMS(x)); RMS(x) = x / sqrt(mean(x^2) + eps) * gain."""
+    1 in the first block, whose attention is x + G(RMS(x)); RMS(x) = x / sqrt(mean(x^2) + eps) * gain.
+    `names`: the block's sublayers in order; `args`: what each sublayer takes besides x (masks, memory)."""
     def rms(x, norm):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm.weight
-    x = model.embed(tokens)
-    for layer, block in enumerate(model.blocks):
-        for residual in (block.attn, block.ffn):
-            if layer == 0 and residual is block.attn:
-                x = x + residual.sublayer(rms(x, residual.norm))
+    args = args or {}
+    for layer, block in enumerate(blocks):
+        for name in names:
+            residual, extra = getattr(block, name), args.get(name, ())
+            if layer == 0 and name == "attn":
+                x = x + residual.sublayer(rms(x, residual.norm), *extra)
             else:
-                x = rms((1.0 if layer == 0 else alpha) * x + residual.sublayer(rms(x, residual.branch_norm)),
-                        residual.norm)
+                branch = residual.sublayer(rms(x, residual.branch_norm), *extra)
+                x = rms((1.0 if layer == 0 else alpha) * x + branch, residual.norm)
     return x
+
+
+def gains_off_one(model):
+    with torch.no_grad():  # so that a norm read in the wrong place shows
+        for norm in norms_in(model):
+            norm.weight.uniform_(0.5, 1.5)
 
 
 @pytest.mark.parametrize("overrides, alpha", [([], 2 * 5), (["norm.alpha=3.5"], 3.5)])
 def test_keel_is_eq_8_with_alpha_the_number_of_sublayers_and_a_pre_ln_first_attention(overrides, alpha):
     model, scheme = build("keel", 5, *WIDE, *overrides)
-    with torch.no_grad():  # gains off 1, so a norm read in the wrong place shows
-        for norm in norms_in(model):
-            norm.weight.uniform_(0.5, 1.5)
+    gains_off_one(model)
     tokens = torch.randint(0, 256, (2, 7))
-    assert torch.allclose(model.hidden(tokens), keel_stack(model, tokens, alpha, 1e-5), atol=1e-5)
+    assert torch.allclose(model.hidden(tokens), keel_stack(model.embed(tokens), model.blocks, alpha, 1e-5), atol=1e-5)
     assert isinstance(model.final_norm, nn.Identity) and all(type(n) is nn.RMSNorm for n in norms_in(model))
     assert len(norms_in(model)) == 2 * 2 * 5 - 1  # two a sublayer, one in the first attention
     assert scheme.constants()["residual_multiplier"] == {"decoder": alpha}
-    off = keel_stack(model, tokens, alpha * 1.01, 1e-5)  # a negative control: alpha 1% off shows
+    off = keel_stack(model.embed(tokens), model.blocks, alpha * 1.01, 1e-5)  # a negative control: alpha 1% off shows
     assert not torch.allclose(model.hidden(tokens), off, atol=1e-5)
 
 
@@ -155,6 +161,14 @@ def test_keel_in_an_encoder_decoder_counts_each_stacks_sublayers_and_treats_the_
     assert type(first.attn).__name__ == "PreNormResidual"
     assert first.cross.alpha == 1.0 and first.ffn.alpha == 1.0 and second.cross.alpha == 12.0
     assert encdec.encoder[1].attn.alpha == 6.0 and type(encdec.encoder[0].attn).__name__ == "PreNormResidual"
+    gains_off_one(encdec)
+    src, tgt = torch.randint(4, 256, (2, 6)), torch.randint(4, 256, (2, 5))
+    memory, mask = encdec.encode(src)
+    assert torch.allclose(memory, keel_stack(encdec.embed(src), encdec.encoder, 6.0, 1e-5, args={"attn": (mask,)}),
+                          atol=1e-5)
+    expected = keel_stack(encdec.embed(tgt), encdec.decoder, 12.0, 1e-5, ("attn", "cross", "ffn"),
+                          {"cross": (memory, mask)})
+    assert torch.allclose(encdec.decoder_hidden(tgt, memory, mask), expected, atol=1e-5)
 
 
 def test_subln_puts_a_norm_inside_each_sublayer_and_scales_the_init_by_gamma():
