@@ -42,7 +42,7 @@ def test_tied_and_untied_heads():
 
 
 @pytest.mark.parametrize("norm", ["deepnorm", "resi_dual", "hyper_connections", "mhc", "value_residual", "attn_res",
-                                  "frac_connections"])
+                                  "frac_connections", "keel"])
 def test_activation_checkpointing_gives_the_same_loss_and_gradients(norm):
     """Schemes whose state carries more than the stream (a second stream, n streams, the first layer's values)
     too: what a recomputed block reads is what it read the first time, and gradients reach every layer."""
