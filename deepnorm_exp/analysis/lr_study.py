@@ -231,17 +231,18 @@ def lr_block(evidence: Evidence, name: str) -> Optional[str]:
 
 
 def write_tuned_rates(evidence: Evidence, name: str, conf: Path) -> Optional[Path]:
-    """conf/tuned_lr/<name>.yaml from a settled study's records, for the cells it has run (a sweep narrowed to
-    some depths gives those depths; at a depth it lacks, a study that reads the rate refuses in one line).
+    """conf/tuned_lr/<name>.yaml from a study's records, for the cells whose grid of rates its ended runs cover
+    (`partial_cells`: a sweep stopped, still running or narrowed leaves the others out; at a depth it lacks, a
+    study that reads the rate refuses in one line), so the table follows from the committed records alone.
     Generated into conf/ because that is the one place the rates live as a fact of the studies that run at
     them: Hydra composes them there (`${tuned_lr:}`), and a study already run keeps the rates it ran at until
     `make results` rewrites them and the diff is committed (a preset that read the records instead would change
     under runs already made)."""
-    if not evidence.settled(name):
+    runs = evidence.runs(name)
+    if runs.empty:
         return None
     path = conf / "tuned_lr" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    runs = evidence.runs(name)
     partial = partial_cells(runs, sweeper_setting(evidence.study_dir(name), "params", None))
     records.write_text(path, tuned_lr_yaml(lr_summary(runs), name, partial))
     return path
