@@ -47,9 +47,9 @@ notebooks: $(STAMP)
 	$(PY) -m deepnorm_exp.analysis.notebooks runs/$(EXPERIMENT)
 
 # docs/configuration.md from the schema; docs/results.md and its figures from every study's records
-# (runs/<study>/published/, packed first from the raw runs where there are any), the generated blocks of the README and of the manual's pages (the
-# claims' tally, the presets' times, the quick start's, zoo's, learning-rate and frontier tables) and
-# conf/tuned_lr/lr_study.yaml from the same records.
+# (runs/<study>/published/, packed first from the raw runs where there are any), the generated blocks of the
+# README and of the manual's pages (the claims' tally, the presets' times, the quick start's, zoo's,
+# learning-rate and frontier tables) and conf/tuned_lr/<study>.yaml from the same records.
 RUNS ?= runs
 DOCS ?= docs
 README ?= README.md

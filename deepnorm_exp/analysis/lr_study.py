@@ -95,10 +95,9 @@ def partial_cells(runs: pd.DataFrame, params: object) -> dict[tuple[str, int], s
     if not rates_axis or "(" in rates_axis + seeds_axis:
         return {}
     rates, seeds = [float(r) for r in rates_axis.split(",")], len(seeds_axis.split(","))
-    ended = runs[runs["status"].isin(FINAL_OR_FAILED)]
     partial = {}
     for (norm, depth), cell in runs.groupby(["norm", "depth"]):
-        done = ended[(ended["norm"] == norm) & (ended["depth"] == depth)]
+        done = cell[cell["status"].isin(FINAL_OR_FAILED)]
         whole = [r for r in rates if np.isclose(done[LR].astype(float), r, rtol=1e-9).sum() >= seeds]
         if len(whole) < len(rates):
             partial[(str(norm), int(depth))] = f"{len(whole)} of {len(rates)} rates ended"

@@ -62,10 +62,6 @@ class AdminResidual(nn.Module):
         return self.norm(self.omega * x + self.sublayer(x, *args, **kwargs))
 
 
-def sublayers_per_layer(depths: dict, stack: str) -> int:
-    return 3 if stack == "decoder" and "encoder" in depths else 2
-
-
 def population_variance(t: torch.Tensor) -> float:
     """Over every element, in fp64 (the official code takes numpy's var of the flattened tensor)."""
     return float(t.detach().double().var(correction=0))
@@ -77,7 +73,7 @@ class Admin(PostNorm):
     cfg: AdminConfig
 
     def closed_form(self, stack: str) -> float:
-        n = sublayers_per_layer(self.depths, stack) * self.depths[stack]
+        n = self.residual_adds(stack)
         return math.sqrt((n + 1) / math.log(n + 1) - 1)
 
     def residual_multiplier(self, stack: str) -> float:  # omega: closed form, or 1 before profiling

@@ -105,6 +105,12 @@ class NormScheme:
         """The init gain of the projections the scheme scales (see `gain`)."""
         return 1.0
 
+    def residual_adds(self, stack: str) -> int:
+        """The residual connections in `stack`: two a layer, three in a decoder that cross-attends (the count
+        Admin's closed form, DeepScaleLM's beta and Keel's alpha are made of)."""
+        per_layer = 3 if stack == "decoder" and "encoder" in self.depths else 2
+        return per_layer * self.depths[stack]
+
     def constants(self) -> dict[str, dict[str, float]]:
         """{role: {stack: value}} for every role of constant_roles.ROLES: what summary.json reports."""
         return {role: {s: getattr(self, role)(s) for s in self.depths} for role in ROLES}

@@ -106,10 +106,6 @@ class DeepScaleLM(PostOrPre):
     Config = DeepScaleLMConfig
     cfg: DeepScaleLMConfig
 
-    def residual_adds(self, stack: str) -> int:
-        per_layer = 3 if stack == "decoder" and "encoder" in self.depths else 2  # cross-attention: the third
-        return per_layer * self.depths[stack]
-
     def branch_multiplier(self, stack: str) -> float:  # the paper's beta
         return math.sqrt(self.cfg.k / self.residual_adds(stack))
 

@@ -71,13 +71,8 @@ class Keel(PostNorm):
     Config = KeelConfig
     cfg: KeelConfig
 
-    def sublayers(self, stack: str) -> int:
-        """The residual connections in `stack`: two a layer, three in a decoder that cross-attends."""
-        per_layer = 3 if stack == "decoder" and "encoder" in self.depths else 2
-        return per_layer * self.depths[stack]
-
     def residual_multiplier(self, stack: str) -> float:  # the paper's alpha, from the second block on
-        return self.cfg.alpha if self.cfg.alpha is not None else float(self.sublayers(stack))
+        return self.cfg.alpha if self.cfg.alpha is not None else float(self.residual_adds(stack))
 
     def norm(self, d_model: int) -> nn.Module:
         """RMSNorm, or LayerNorm without its bias: the paper's norms have a gain and no bias (section 3.1)."""
