@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from deepnorm_exp.analysis.board import (battery_differences, board, board_rows, failures, frontier_change, frontier_rates,
-                                         frontier_slopes, grid_brackets, init_cosine, mixed_battery, pooled_sd, rank_within_noise, unranked)
+                                         frontier_slopes, grid_brackets, init_cosine, mixed_battery, pooled_sd, rank_within_noise, unranked,
+                                         waiting_cells, waiting_line)
 from deepnorm_exp.analysis.scorecard import MARK, scored
 
 INIT = 5.0
@@ -109,7 +110,22 @@ def test_a_seed_that_crashed_is_not_one_that_trained():
     half = pd.DataFrame(grid("a", 6, {1e-3: (3.0, 3.1)}) + [run("a", 6, 1e-2, 0, 2.9), run("a", 6, 1e-2, 1, np.nan, status="running")])
     (row,) = frontier_rates(half).itertuples()
     assert row.frontier == 1e-3 and failures(half)["failures"].tolist() == ["1 unfinished"]
-    assert board_rows(board(half), 6)[["seeds", "best lr", "failures"]].values.tolist() == [[1, "0.01 (high edge)", "1 unfinished"]]
+    crashed = half.assign(status=half["status"].replace("running", "failed"))  # crashed: the cell has ended
+    assert board_rows(board(crashed), 6)[["seeds", "best lr", "failures"]].values.tolist() == [[1, "0.01 (high edge)", "1 failed"]]
+
+
+def test_a_scheme_whose_grid_has_not_ended_is_not_ranked_until_it_has():
+    """A sweep stopped between runs: b's best rate read from its one ended rate ranked b first (3.0 against a's
+    3.1), though b's other rates, which might be better or might diverge, had not run."""
+    a = grid("a", 6, {1e-3: (3.1, 3.1), 3e-3: (3.3, 3.3)})
+    b_begun = grid("b", 6, {1e-3: (3.0, 3.0)}) + [run("b", 6, 3e-3, 0, np.nan, status="running")]
+    runs = pd.DataFrame(a + b_begun + grid("a", 24, {1e-3: (3.2, 3.2), 3e-3: (3.4, 3.4)}))
+    assert waiting_cells(runs) == {("b", 6): "2 of 4 runs ended"}
+    assert board(runs)["norm"].tolist() == ["a", "a"]
+    assert waiting_line(waiting_cells(runs), 6) == ["Not ranked until its grid has ended: b (2 of 4 runs ended)."]
+    assert waiting_line(waiting_cells(runs), 24) == []
+    ended = pd.DataFrame(a + grid("b", 6, {1e-3: (3.0, 3.0), 3e-3: (4.0, 4.0)}))
+    assert waiting_cells(ended) == {} and board(ended).set_index("norm").loc["b", "rank"] == 1
 
 
 def test_the_frontiers_change_with_depth_is_bounded_where_the_grid_censors_it():

@@ -76,6 +76,19 @@ def test_a_presets_sweep_has_the_runs_its_header_states(preset):
     assert runs == stated_runs(preset)
 
 
+def test_the_board_sweeps_scheme_by_scheme_deepest_first():
+    """The board runs over many sessions: in Hydra's own order (its basic sweeper's split, the first axis
+    slowest) the first 24 jobs are one scheme's whole grid, deepest first, so a stopped sweep leaves whole rows."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    params = compose_with_hydra(["experiment=board"]).hydra.sweeper.params
+    parsed = OverridesParser.create().parse_overrides([f"{key}={values}" for key, values in params.items()])
+    (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    axis = [[dict(o.split("=", 1) for o in job)[key] for job in jobs] for key in ("norm", "depth")]
+    assert len(jobs) == 696 and set(axis[0][:24]) == {"post"} and axis[0][24] == "pre"
+    assert axis[1][:24] == ["100"] * 8 + ["24"] * 8 + ["6"] * 8
+
+
 def test_the_mitigation_study_puts_each_mitigation_beside_none_for_every_scheme(tmp_path):
     jobs = preflight(["-m", "experiment=mitigation_study", f"paths.runs={tmp_path}"])[0]
     assert len(jobs) == 3 * 5 * 2 and len({str(job.run_dir) for job in jobs}) == 30

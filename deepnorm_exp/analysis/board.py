@@ -30,6 +30,10 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
 * Collapse at initialisation: the last block's token cosine at step 0 (mean over the runs that recorded it;
   the diagnosis calls 0.99 or more collapsed).
 * Failures: the diagnosis of every run of the scheme's grid at the depth that did not train.
+* A scheme is ranked at a depth only once its grid there has ended (every rate and seed the board's runs hold:
+  completed, diverged or crashed; `waiting_cells`): a best rate read from part of the grid is no best rate, and
+  a board runs over many sessions. Added before any board run, with the sweep made scheme by scheme
+  (conf/experiment/board.yaml) so each session ends with whole rows.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from .frontier_law import fit_frontier_law
 from .page import Page, Study, charted, markdown_table
 from .steps_to_train import median_steps
 from .tables import counted, norm_depth_table
+from .timing import FINAL_OR_FAILED
 from ..lifecycle.diagnosis import COLLAPSED_COSINE
 
 if TYPE_CHECKING:
@@ -184,8 +189,36 @@ def best_rate_steps(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["norm", "depth", "steps_to_train", "trained_by_budget"])
 
 
+def waiting_cells(runs: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """(scheme, depth) -> "5 of 8 runs ended": the cells whose grid, every rate and seed the runs hold, has not
+    ended yet (a run still going, or not begun while another of its cell has)."""
+    if runs.empty or LR not in runs or "status" not in runs:
+        return {}
+    wanted = len(_values(runs, LR, numeric=True)) * len(_values(runs, "seed", numeric=True))
+    ended = runs[runs["status"].isin(FINAL_OR_FAILED)].assign(
+        depth=lambda r: pd.to_numeric(r["depth"], errors="coerce"), lr=lambda r: pd.to_numeric(r[LR], errors="coerce"))
+    waiting = {}
+    for (norm, depth), cell in runs.assign(depth=pd.to_numeric(runs["depth"], errors="coerce")).dropna(
+            subset=["depth"]).groupby(["norm", "depth"]):
+        done = ended[(ended["norm"] == norm) & (ended["depth"] == depth)][["lr", "seed"]].drop_duplicates()
+        if len(done) < wanted:
+            waiting[(str(norm), int(depth))] = f"{len(done)} of {wanted} runs ended"
+    return waiting
+
+
+def whole_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of the (scheme, depth) cells whose grid has ended (`waiting_cells` left out)."""
+    waiting = waiting_cells(runs)
+    if not waiting:
+        return runs
+    keys = zip(runs["norm"].astype(str), pd.to_numeric(runs["depth"], errors="coerce"))
+    return runs[[(norm, int(depth)) not in waiting if math.isfinite(depth) else False for norm, depth in keys]]
+
+
 def board(runs: pd.DataFrame, layers: pd.DataFrame = pd.DataFrame()) -> pd.DataFrame:
-    """One row per scheme and depth, ranked within the depth (the module docstring's rules)."""
+    """One row per scheme and depth whose grid has ended, ranked within the depth (the module docstring's
+    rules)."""
+    runs = whole_cells(runs)
     summary = lr_summary(runs)
     if summary.empty:
         return pd.DataFrame()
@@ -300,28 +333,40 @@ def unranked(runs: pd.DataFrame) -> str:
     return f"its runs are of more than one battery ({'; '.join(mixed)})" if mixed else ""
 
 
+def waiting_line(waiting: dict[tuple[str, int], str], depth: int) -> list[str]:
+    """The page's line naming the schemes at `depth` whose grid has not ended (none: no line)."""
+    names = [f"{md_text(norm)} ({count})" for (norm, at), count in sorted(waiting.items()) if at == depth]
+    return [f"Not ranked until its grid has ended: {', '.join(names)}."] if names else []
+
+
 def board_section(page: Page, evidence: Evidence, name: str) -> None:
     runs = evidence.runs(name)
-    table = board(runs, evidence.layers(name))
-    if table.empty:
-        page.add("No run has ended yet.")
-        return
-    if unranked(runs):
+    whole, waiting = whole_cells(runs), waiting_cells(runs)
+    if not whole.empty and unranked(runs):  # a grid that has not ended is no grid yet: its cells wait below
         page.add(f"Not ranked: {md_text(unranked(runs))}. Another battery runs under its own `experiment_name`.")
         return
-    sds = pooled_sd(runs)
-    for depth in sorted(table["depth"].unique()):
-        sd = sds.get(int(depth), math.nan)
-        spread = (f"the seeds' spread pooled over the depth's trained cells is {sd:.4f}, so a difference ranks only "
-                  f"beyond {NOISE_SE:g} standard errors of it" if math.isfinite(sd) else
-                  "no cell of the depth has every seed trained (with a finite spread), so the seeds' spread is not known "
-                  "and no difference ranks")
-        page.add(f"### Depth {depth}", f"Ranked by the final eval loss at each scheme's best rate (capped at the loss "
-                 f"at initialisation); {spread}; equal ranks are within noise.",
-                 markdown_table(board_rows(table, int(depth)), index=False))
+    table = board(runs, evidence.layers(name))
+    if table.empty and not waiting:
+        page.add("No run has ended yet.")
+        return
+    sds = pooled_sd(whole)
+    for depth in sorted({*map(int, table.get("depth", [])), *(at for _, at in waiting)}):
+        page.add(f"### Depth {depth}")
+        if (table["depth"] == depth).any():
+            sd = sds.get(depth, math.nan)
+            spread = (f"the seeds' spread pooled over the depth's trained cells is {sd:.4f}, so a difference ranks "
+                      f"only beyond {NOISE_SE:g} standard errors of it" if math.isfinite(sd) else
+                      "no cell of the depth has every seed trained (with a finite spread), so the seeds' spread is not "
+                      "known and no difference ranks")
+            page.add(f"Ranked by the final eval loss at each scheme's best rate (capped at the loss at "
+                     f"initialisation); {spread}; equal ranks are within noise.",
+                     markdown_table(board_rows(table, depth), index=False))
+        page.add(*waiting_line(waiting, depth))
+    if table.empty:
+        return
     page.add("The frontier per depth (the largest grid rate at which every seed trained and none diverged):",
              markdown_table(frontier_table(table)))
-    slopes = frontier_slopes(runs)
+    slopes = frontier_slopes(whole)
     if not slopes.empty:
         page.add("The frontier's slope against depth, log(frontier) on log(depth), per scheme through each seed's "
                  "bracket on the grid (the largest rate it trained at, the next above at which it did not: a factor "
@@ -331,7 +376,7 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
 
 def board_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
     """The board per depth (`board/L<depth>`) and the grid's frontier against depth."""
-    runs = evidence.runs(name)
+    runs = whole_cells(evidence.runs(name))
     table = board(runs, evidence.layers(name))
     if table.empty or unranked(runs):
         return {}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from .board import battery_differences, board, board_rows, unranked
+from .board import battery_differences, board, board_rows, unranked, whole_cells
 from .evidence import Evidence
 from .runs import load_layer_records, load_runs
 from ..sweeps.hydra_callbacks import ComparisonTable
@@ -43,9 +43,10 @@ def scorecard_text(root: str | Path) -> str:
     evidence = Evidence(root)
     board_runs = evidence.runs(BOARD)
     lines = []
-    if board_runs.empty:
-        lines.append(f"No board records under {root / BOARD} (python -m deepnorm_exp -m experiment=board): the "
-                     "scorecard's rows alone.")
+    if whole_cells(board_runs).empty:
+        lines.append(f"No board row has ended under {root / BOARD} (python -m deepnorm_exp -m experiment=board): "
+                     "the scorecard's rows alone.")
+        board_runs = pd.DataFrame()
     elif unranked(board_runs):
         return f"Not ranked: the board's records are no board: {unranked(board_runs)}."
     else:  # each scheme apart: one scored at another battery leaves the others ranked
