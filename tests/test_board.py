@@ -313,3 +313,31 @@ def check_the_study_level_wandb_run(root):
     (table_file,) = directory.glob("files/media/table/board/L2_*.table.json")
     table = json.loads(table_file.read_text())
     assert table["columns"][:2] == ["rank", "norm"] and sorted(row[1] for row in table["data"]) == ["post", "pre"]
+
+
+def test_the_page_names_the_rows_still_waiting_under_each_depth_and_ranks_only_whole_ones(tmp_path):
+    """A board stopped mid-sweep: depth 100 holds a's whole grid and b's first run; depth 24 only a's first run.
+    The page ranked b from one run and read "No run has ended yet" where no cell was whole."""
+    from types import SimpleNamespace
+    from deepnorm_exp.analysis.board import board_section
+    from deepnorm_exp.analysis.page import Page
+
+    study = tmp_path / "board"
+    study.mkdir()
+    (study / "multirun.yaml").write_text("hydra:\n  sweeper:\n    params:\n      train.lr: 1e-3,3e-3\n      seed: 0,1\n")
+
+    def section(rows):
+        page = Page(tmp_path)
+        board_section(page, SimpleNamespace(runs=lambda name: pd.DataFrame(rows), layers=lambda name: pd.DataFrame(),
+                                            study_dir=lambda name: tmp_path / name), "board")
+        return "\n".join(page.lines)
+
+    a = grid("a", 100, {1e-3: (3.1, 3.2), 3e-3: (3.3, 3.4)})
+    text = section(a + [run("b", 100, 1e-3, 0, 2.0), run("a", 24, 1e-3, 0, 3.0)])
+    assert "### Depth 100" in text and "| 1 | a |" in text and "| b |" not in text
+    assert "Not ranked until its grid has ended: b (1 of 4 runs ended)." in text
+    assert "### Depth 24" in text and "Not ranked until its grid has ended: a (1 of 4 runs ended)." in text
+    # the sweep's first two runs: their own rates and seed look like a whole grid; the preset's axes say not
+    waiting_only = section([run("b", 100, 1e-3, 0, 2.0), run("b", 100, 3e-3, 0, 2.1)])
+    assert "No run has ended yet" not in waiting_only and "b (2 of 4 runs ended)" in waiting_only
+    assert "| b |" not in waiting_only

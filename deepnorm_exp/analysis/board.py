@@ -39,6 +39,7 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
@@ -50,7 +51,7 @@ from .frontier_law import fit_frontier_law
 from .page import Page, Study, charted, markdown_table
 from .steps_to_train import median_steps
 from .tables import counted, norm_depth_table
-from .timing import FINAL_OR_FAILED
+from .timing import FINAL_OR_FAILED, asked_axis
 from ..lifecycle.diagnosis import COLLAPSED_COSINE
 
 if TYPE_CHECKING:
@@ -189,12 +190,15 @@ def best_rate_steps(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["norm", "depth", "steps_to_train", "trained_by_budget"])
 
 
-def waiting_cells(runs: pd.DataFrame) -> dict[tuple[str, int], str]:
-    """(scheme, depth) -> "5 of 8 runs ended": the cells whose grid, every rate and seed the runs hold, has not
-    ended yet (a run still going, or not begun while another of its cell has)."""
+def waiting_cells(runs: pd.DataFrame, asked: Optional[Path] = None) -> dict[tuple[str, int], str]:
+    """(scheme, depth) -> "5 of 8 runs ended": the cells whose grid has not ended yet (a run still going, or not
+    begun while another of its cell has). The grid: every rate and seed the runs hold and, where `asked` (the
+    study's directory) has a sweep log, every one its sweeps were asked for (a sweep's first runs hold part of
+    it; `asked_axis`)."""
     if runs.empty or LR not in runs or "status" not in runs:
         return {}
-    wanted = len(_values(runs, LR, numeric=True)) * len(_values(runs, "seed", numeric=True))
+    rates, seeds = (asked_axis(asked, key) if asked else [] for key in (LR, "seed"))
+    wanted = len({*_values(runs, LR, numeric=True), *rates}) * len({*_values(runs, "seed", numeric=True), *seeds})
     ended = runs[runs["status"].isin(FINAL_OR_FAILED)].assign(
         depth=lambda r: pd.to_numeric(r["depth"], errors="coerce"), lr=lambda r: pd.to_numeric(r[LR], errors="coerce"))
     waiting = {}
@@ -206,19 +210,19 @@ def waiting_cells(runs: pd.DataFrame) -> dict[tuple[str, int], str]:
     return waiting
 
 
-def whole_cells(runs: pd.DataFrame) -> pd.DataFrame:
+def whole_cells(runs: pd.DataFrame, asked: Optional[Path] = None) -> pd.DataFrame:
     """The runs of the (scheme, depth) cells whose grid has ended (`waiting_cells` left out)."""
-    waiting = waiting_cells(runs)
+    waiting = waiting_cells(runs, asked)
     if not waiting:
         return runs
     keys = zip(runs["norm"].astype(str), pd.to_numeric(runs["depth"], errors="coerce"))
     return runs[[(norm, int(depth)) not in waiting if math.isfinite(depth) else False for norm, depth in keys]]
 
 
-def board(runs: pd.DataFrame, layers: pd.DataFrame = pd.DataFrame()) -> pd.DataFrame:
-    """One row per scheme and depth whose grid has ended, ranked within the depth (the module docstring's
-    rules)."""
-    runs = whole_cells(runs)
+def board(runs: pd.DataFrame, layers: pd.DataFrame = pd.DataFrame(), asked: Optional[Path] = None) -> pd.DataFrame:
+    """One row per scheme and depth whose grid has ended (`asked`: `waiting_cells`'), ranked within the depth
+    (the module docstring's rules)."""
+    runs = whole_cells(runs, asked)
     summary = lr_summary(runs)
     if summary.empty:
         return pd.DataFrame()
@@ -340,19 +344,19 @@ def waiting_line(waiting: dict[tuple[str, int], str], depth: int) -> list[str]:
 
 
 def board_section(page: Page, evidence: Evidence, name: str) -> None:
-    runs = evidence.runs(name)
-    whole, waiting = whole_cells(runs), waiting_cells(runs)
+    runs, asked = evidence.runs(name), evidence.study_dir(name)
+    whole, waiting = whole_cells(runs, asked), waiting_cells(runs, asked)
     if not whole.empty and unranked(runs):  # a grid that has not ended is no grid yet: its cells wait below
         page.add(f"Not ranked: {md_text(unranked(runs))}. Another battery runs under its own `experiment_name`.")
         return
-    table = board(runs, evidence.layers(name))
+    table = board(whole, evidence.layers(name))
     if table.empty and not waiting:
         page.add("No run has ended yet.")
         return
     sds = pooled_sd(whole)
     for depth in sorted({*map(int, table.get("depth", [])), *(at for _, at in waiting)}):
         page.add(f"### Depth {depth}")
-        if (table["depth"] == depth).any():
+        if not table.empty and (table["depth"] == depth).any():
             sd = sds.get(depth, math.nan)
             spread = (f"the seeds' spread pooled over the depth's trained cells is {sd:.4f}, so a difference ranks "
                       f"only beyond {NOISE_SE:g} standard errors of it" if math.isfinite(sd) else
@@ -376,7 +380,7 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
 
 def board_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
     """The board per depth (`board/L<depth>`) and the grid's frontier against depth."""
-    runs = whole_cells(evidence.runs(name))
+    runs = whole_cells(evidence.runs(name), evidence.study_dir(name))
     table = board(runs, evidence.layers(name))
     if table.empty or unranked(runs):
         return {}

@@ -41,9 +41,9 @@ def scorecard_text(root: str | Path) -> str:
     if candidate.empty:
         return f"No scorecard runs under {root / SCORECARD}: python -m deepnorm_exp -m experiment=scorecard norm=<name>"
     evidence = Evidence(root)
-    board_runs = evidence.runs(BOARD)
+    board_runs, asked = evidence.runs(BOARD), evidence.study_dir(BOARD)
     lines = []
-    if whole_cells(board_runs).empty:
+    if whole_cells(board_runs, asked).empty:
         lines.append(f"No board row has ended under {root / BOARD} (python -m deepnorm_exp -m experiment=board): "
                      "the scorecard's rows alone.")
         board_runs = pd.DataFrame()
@@ -61,7 +61,7 @@ def scorecard_text(root: str | Path) -> str:
     names = set(candidate["norm"])
     runs = pd.concat([board_runs, candidate], ignore_index=True)
     layers = pd.concat([evidence.layers(BOARD), load_layer_records(candidate)], ignore_index=True)
-    table = board(runs, layers)
+    table = board(runs, layers, asked)
     if table.empty:
         return "\n".join(lines + ["No scorecard run has ended yet."])
     from .page import markdown_table
