@@ -1,6 +1,7 @@
 """The board's rules (deepnorm_exp/analysis/board.py) on hand-made records, each where its claim is false too,
 and the scorecard: a battery that is not the board's is refused, a scheme the board has is scored apart."""
 
+import json
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from deepnorm_exp.analysis.board import (battery_differences, board, board_rows, failures, frontier_change, frontier_rates,
                                          frontier_slopes, grid_brackets, init_cosine, mixed_battery, pooled_sd, rank_within_noise, unranked,
-                                         waiting_cells, waiting_line)
+                                         waiting_cells, waiting_line, whole_cells)
 from deepnorm_exp.analysis.scorecard import MARK, scored
 
 INIT = 5.0
@@ -120,12 +121,53 @@ def test_a_scheme_whose_grid_has_not_ended_is_not_ranked_until_it_has():
     a = grid("a", 6, {1e-3: (3.1, 3.1), 3e-3: (3.3, 3.3)})
     b_begun = grid("b", 6, {1e-3: (3.0, 3.0)}) + [run("b", 6, 3e-3, 0, np.nan, status="running")]
     runs = pd.DataFrame(a + b_begun + grid("a", 24, {1e-3: (3.2, 3.2), 3e-3: (3.4, 3.4)}))
-    assert waiting_cells(runs) == {("b", 6): "2 of 4 runs ended"}
-    assert board(runs)["norm"].tolist() == ["a", "a"]
+    assert waiting_cells(runs) == {("b", 6): (2, 4)}
+    assert board(whole_cells(runs))["norm"].tolist() == ["a", "a"]
     assert waiting_line(waiting_cells(runs), 6) == ["Not ranked until its grid has ended: b (2 of 4 runs ended)."]
     assert waiting_line(waiting_cells(runs), 24) == []
     ended = pd.DataFrame(a + grid("b", 6, {1e-3: (3.0, 3.0), 3e-3: (4.0, 4.0)}))
-    assert waiting_cells(ended) == {} and board(ended).set_index("norm").loc["b", "rank"] == 1
+    assert waiting_cells(ended) == {} and board(whole_cells(ended)).set_index("norm").loc["b", "rank"] == 1
+
+
+def test_a_cells_grid_is_its_pairs_of_rate_and_seed_and_one_schemes_extension_leaves_the_others_whole(tmp_path):
+    """Reviewed: a count of ended runs let a run of an unreadable rate stand in for (3e-3, seed 1), and a grid
+    taken over the whole board left every cell waiting once one scheme tried one rate more."""
+    holed = pd.DataFrame(grid("a", 6, {1e-3: (3.0, 3.1)}) + [run("a", 6, 3e-3, 0, 3.2), run("a", 6, "x", 1, 3.3)])
+    assert waiting_cells(holed) == {("a", 6): (3, 4)}
+    as_text = pd.DataFrame(grid("a", 6, {1e-3: (3.0, 3.1)})).assign(seed=["0", "1"])  # seeds read back as text
+    assert waiting_cells(as_text) == {}
+    whole = grid("a", 6, {1e-3: (3.0, 3.1), 3e-3: (3.2, 3.3)}) + grid("a", 24, {1e-3: (3.0, 3.1), 3e-3: (3.2, 3.3)})
+    extended = pd.DataFrame(whole + [run("a", 24, 1e-2, 0, 3.5)])  # one more rate, one seed, at one depth
+    assert waiting_cells(extended) == {("a", 24): (5, 6)}  # no sweep log: its rates at each of its seeds
+    (tmp_path / "multirun.yaml").write_text("hydra:\n  sweeper:\n    params:\n      norm: a\n      depth: 24,6\n"
+                                            "      train.lr: 1e-3,3e-3\n      seed: 0,1\n")
+    (tmp_path / "sweeps.jsonl").write_text(
+        json.dumps({"event": "start", "overrides": ["experiment=board"]}) + "\n"
+        + json.dumps({"event": "start", "overrides": ["experiment=board", "depth=24", "train.lr=1e-2", "seed=0"]}) + "\n")
+    assert waiting_cells(extended, tmp_path) == {}  # asked for that one run: every cell whole
+    first = pd.DataFrame([run("a", 24, 1e-3, 0, 3.0), run("a", 24, 3e-3, 0, 3.1)])  # the sweep's first two runs
+    assert waiting_cells(first, tmp_path) == {("a", 6): (0, 4), ("a", 24): (2, 5)}
+    assert waiting_line(waiting_cells(first, tmp_path), 6) == ["Not ranked until its grid has ended: not begun: a."]
+
+
+def test_the_page_and_the_dashboard_refuse_a_mixed_battery_alike_whole_cells_or_not(tmp_path):
+    from types import SimpleNamespace
+    from deepnorm_exp.analysis.board import board_dashboard, board_section
+    from deepnorm_exp.analysis.page import Page
+
+    def both(rows):
+        evidence = SimpleNamespace(runs=lambda name: pd.DataFrame(rows), layers=lambda name: pd.DataFrame(),
+                                   study_dir=lambda name: tmp_path / name)
+        page = Page(tmp_path)
+        board_section(page, evidence, "board")
+        return "\n".join(page.lines), board_dashboard(evidence, "board")
+
+    a = grid("a", 6, {1e-3: (3.1, 3.2), 3e-3: (3.3, 3.4)})
+    for rows in (a + [run("b", 6, 1e-3, 0, 3.0, steps=2000)], [run("b", 6, 1e-3, 0, 3.0, steps=2000), run("b", 6, 3e-3, 0, 3.0)]):
+        text, tables = both(rows)
+        assert text.startswith("Not ranked: its runs are of more than one battery") and tables == {}
+    text, tables = both(a)
+    assert "| 1 | a |" in text and set(tables) >= {"board/L6"}
 
 
 def test_the_frontiers_change_with_depth_is_bounded_where_the_grid_censors_it():
@@ -337,7 +379,30 @@ def test_the_page_names_the_rows_still_waiting_under_each_depth_and_ranks_only_w
     assert "### Depth 100" in text and "| 1 | a |" in text and "| b |" not in text
     assert "Not ranked until its grid has ended: b (1 of 4 runs ended)." in text
     assert "### Depth 24" in text and "Not ranked until its grid has ended: a (1 of 4 runs ended)." in text
+    assert "| a | 1" not in text.split("### Depth 24")[1]
     # the sweep's first two runs: their own rates and seed look like a whole grid; the preset's axes say not
     waiting_only = section([run("b", 100, 1e-3, 0, 2.0), run("b", 100, 3e-3, 0, 2.1)])
     assert "No run has ended yet" not in waiting_only and "b (2 of 4 runs ended)" in waiting_only
     assert "| b |" not in waiting_only
+
+
+def test_a_scorecard_part_way_through_its_grid_waits_rather_than_being_refused(tmp_path, monkeypatch):
+    """Reviewed: a scorecard stopped after seed 0 read "its battery is not the board's (seeds: 0 here, 0, 1 on the
+    board)"; and a depth it had not ended printed an empty placement."""
+    from types import SimpleNamespace
+    import deepnorm_exp.analysis.scorecard as scorecard
+
+    rates = {1e-3: (3.1, 3.2), 3e-3: (3.3, 3.4)}
+    board_runs = pd.DataFrame(grid("pre", 6, rates) + grid("pre", 24, rates))
+    mine = pd.DataFrame(grid("mine", 6, {1e-3: (3.0, 3.05), 3e-3: (3.2, 3.25)}) + [run("mine", 24, 1e-3, 0, 3.0)])
+    (tmp_path / "scorecard").mkdir()
+    (tmp_path / "scorecard" / "multirun.yaml").write_text(
+        "hydra:\n  sweeper:\n    params:\n      depth: 24,6\n      train.lr: 1e-3,3e-3\n      seed: 0,1\n")
+    monkeypatch.setattr(scorecard, "load_runs", lambda path: mine)
+    monkeypatch.setattr(scorecard, "load_layer_records", lambda runs: pd.DataFrame())
+    monkeypatch.setattr(scorecard, "Evidence", lambda root: SimpleNamespace(
+        runs=lambda name: board_runs, layers=lambda name: pd.DataFrame(), study_dir=lambda name: tmp_path / name))
+    text = scorecard.scorecard_text(tmp_path)
+    assert "battery is not the board's" not in text
+    assert "Not ranked until its grid has ended: mine at depth 24 (1 of 4 runs ended)." in text
+    assert "Depth 6: mine rank 1 of 2" in text and "Depth 24: no scorecard row has ended here" in text

@@ -12,7 +12,7 @@ from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_
 from deepnorm_exp.analysis.blocks import update_blocks
 from deepnorm_exp.analysis.page import markdown_table
 from deepnorm_exp.analysis.results import build_results
-from deepnorm_exp.analysis.timing import asked_axis, duration, grid_size, preset_time, sweep_finished, sweep_settled
+from deepnorm_exp.analysis.timing import duration, grid_size, preset_time, sweep_finished, sweep_settled
 
 
 def evidence(**frames) -> Evidence:
@@ -378,17 +378,24 @@ def test_a_sweep_narrowed_on_the_command_line_has_not_run_the_presets_grid(tmp_p
     assert grid_size(tmp_path) is None  # a damaged record decides nothing here (the pack refuses it)
 
 
-def test_the_values_an_axis_was_asked_for_are_each_invocations_command_line_or_else_the_presets(tmp_path):
+def test_what_a_sweep_asked_for_is_each_invocations_command_line_or_else_the_presets_and_untrusted(tmp_path):
+    from deepnorm_exp.analysis.asked import asked_pairs, asked_values, invocations
+
     (tmp_path / "multirun.yaml").write_text("hydra:\n  sweeper:\n    params:\n      train.lr: 3e-4,1e-3\n      seed: 0,1\n")
-    assert asked_axis(tmp_path, "train.lr") == [3e-4, 1e-3]  # no sweep log: the preset's
-    assert asked_axis(tmp_path, "depth") == []
-    log = tmp_path / "sweeps.jsonl"
-    starts = [["experiment=board", "train.lr=1e-2,3e-2"], ["experiment=board", "norm=pre"], ["++seed=5"]]
-    log.write_text("\n".join(json.dumps({"event": "start", "overrides": o}) for o in starts) + "\n[1]\n{\"event\": \"end\"}\n")
-    assert asked_axis(tmp_path, "train.lr") == [3e-4, 1e-3, 1e-2, 3e-2]  # a narrowed invocation, then the preset's
-    assert asked_axis(tmp_path, "seed") == [0, 1, 5]
-    log.write_text(json.dumps({"event": "start", "overrides": ["train.lr=range(1,3)"]}) + "\n")
-    assert asked_axis(tmp_path, "train.lr") == []  # not a plain list: not known
+    (preset,) = invocations(tmp_path)  # no sweep log: the preset's
+    assert (preset["train.lr"], preset["seed"], preset["norm"]) == (("3e-4", "1e-3"), ("0", "1"), None)
+    assert asked_pairs([preset], "any", 6.0) == {(3e-4, 0), (3e-4, 1), (1e-3, 0), (1e-3, 1)}
+    starts = [["experiment=board", "train.lr=1e-2,3e-2", "norm=pre"], ["experiment=board"], ["++seed=5"],
+              ["train.lr=range(1,3)"], "train.lr=9", {"train.lr": 9}, 5, ["train.lr=[1,2]"]]
+    lines = [json.dumps({"event": "start", "overrides": o}) for o in starts] + ["[1]", "not json", '{"event": "end"}']
+    (tmp_path / "sweeps.jsonl").write_text("\n".join(lines) + "\n")
+    asked = invocations(tmp_path)
+    assert len(asked) == len(starts)  # a damaged or odd line is one that asks for the preset's grid, or nothing
+    assert asked_values(asked, "train.lr") == {3e-4, 1e-3, 1e-2, 3e-2}  # range() and [..]: not known, not dropping the rest
+    assert asked_values(asked, "train.lr", norm="post") == {3e-4, 1e-3}  # the first invocation reached pre only
+    assert asked_values(asked, "seed") == {0, 1, 5}
+    (tmp_path / "multirun.yaml").write_text("hydra: [1")  # damaged: the preset's axes are not known
+    assert asked_values(invocations(tmp_path), "train.lr") == {1e-2, 3e-2}
 
 
 def test_a_claim_is_withheld_while_its_sweep_runs_as_its_sweep_log_says(tmp_path):

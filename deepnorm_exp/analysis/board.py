@@ -30,9 +30,12 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
 * Collapse at initialisation: the last block's token cosine at step 0 (mean over the runs that recorded it;
   the diagnosis calls 0.99 or more collapsed).
 * Failures: the diagnosis of every run of the scheme's grid at the depth that did not train.
-* A scheme is ranked at a depth only once its grid there has ended (every rate and seed the board's runs hold:
-  completed, diverged or crashed; `waiting_cells`): a best rate read from part of the grid is no best rate, and
-  a board runs over many sessions. Added before any board run, with the sweep made scheme by scheme
+* A scheme is ranked at a depth only once its grid there has ended (`waiting_cells`): every (rate, seed) pair
+  the sweep invocations that reached the cell asked for (the command line's axes, else the preset's: asked.py)
+  and every pair its runs hold, each completed, diverged or crashed. A best rate read from part of the grid is
+  no best rate, and a board runs over many sessions. Until then the page names the cell under its depth. One
+  scheme's grid extended around its own range leaves the others whole; a scorecard's battery is compared on the
+  grid most cells share (`common_grid`). Added before any board run, with the sweep made scheme by scheme
   (conf/experiment/board.yaml) so each session ends with whole rows.
 """
 
@@ -51,7 +54,8 @@ from .frontier_law import fit_frontier_law
 from .page import Page, Study, charted, markdown_table
 from .steps_to_train import median_steps
 from .tables import counted, norm_depth_table
-from .timing import FINAL_OR_FAILED, asked_axis
+from .asked import asked_pairs, invocations, numbers
+from .timing import FINAL_OR_FAILED
 from ..lifecycle.diagnosis import COLLAPSED_COSINE
 
 if TYPE_CHECKING:
@@ -190,39 +194,49 @@ def best_rate_steps(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["norm", "depth", "steps_to_train", "trained_by_budget"])
 
 
-def waiting_cells(runs: pd.DataFrame, asked: Optional[Path] = None) -> dict[tuple[str, int], str]:
-    """(scheme, depth) -> "5 of 8 runs ended": the cells whose grid has not ended yet (a run still going, or not
-    begun while another of its cell has). The grid: every rate and seed the runs hold and, where `asked` (the
-    study's directory) has a sweep log, every one its sweeps were asked for (a sweep's first runs hold part of
-    it; `asked_axis`)."""
-    if runs.empty or LR not in runs or "status" not in runs:
-        return {}
-    rates, seeds = (asked_axis(asked, key) if asked else [] for key in (LR, "seed"))
-    wanted = len({*_values(runs, LR, numeric=True), *rates}) * len({*_values(runs, "seed", numeric=True), *seeds})
-    ended = runs[runs["status"].isin(FINAL_OR_FAILED)].assign(
-        depth=lambda r: pd.to_numeric(r["depth"], errors="coerce"), lr=lambda r: pd.to_numeric(r[LR], errors="coerce"))
+def cell_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """norm, depth, lr, seed as numbers (rows that do not read as such left out) and whether the run ended."""
+    if runs.empty or not {"norm", "depth", LR, "seed", "status"} <= set(runs.columns):
+        return pd.DataFrame(columns=["norm", "depth", "lr", "seed", "ended"])
+    cells = pd.DataFrame({"norm": runs["norm"].astype(str), "depth": pd.to_numeric(runs["depth"], errors="coerce"),
+                          "lr": pd.to_numeric(runs[LR], errors="coerce"),
+                          "seed": pd.to_numeric(runs["seed"], errors="coerce"),
+                          "ended": runs["status"].isin(FINAL_OR_FAILED)}, index=runs.index)
+    return cells[np.isfinite(cells[["depth", "lr", "seed"]].to_numpy(float)).all(axis=1)]
+
+
+def waiting_cells(runs: pd.DataFrame, study: Optional[Path] = None) -> dict[tuple[str, int], tuple[int, int]]:
+    """(scheme, depth) -> (runs ended, runs of its grid), for the cells whose grid has not ended (a run still
+    going or not begun, or no run begun). A cell's grid: the (rate, seed) pairs the sweep invocations that
+    reached it asked for (`study`'s sweep log: asked.py) and those its runs hold; without a log, every rate of its
+    runs at every seed of its runs."""
+    asked, cells = invocations(study), cell_runs(runs)
+    keys = {(norm, depth) for norm, depth in zip(cells["norm"], cells["depth"])}
+    keys |= {(norm, depth) for invocation in asked if invocation["norm"] and invocation["depth"]
+             for norm in invocation["norm"] for depth in numbers(invocation["depth"]) if math.isfinite(depth)}
     waiting = {}
-    for (norm, depth), cell in runs.assign(depth=pd.to_numeric(runs["depth"], errors="coerce")).dropna(
-            subset=["depth"]).groupby(["norm", "depth"]):
-        done = ended[(ended["norm"] == norm) & (ended["depth"] == depth)][["lr", "seed"]].drop_duplicates()
-        if len(done) < wanted:
-            waiting[(str(norm), int(depth))] = f"{len(done)} of {wanted} runs ended"
+    for norm, depth in sorted(keys):
+        cell = cells[(cells["norm"] == norm) & (cells["depth"] == depth)]
+        held = set(zip(cell["lr"], cell["seed"]))
+        grid = (asked_pairs(asked, norm, depth) | held if asked
+                else {(lr, seed) for lr in set(cell["lr"]) for seed in set(cell["seed"])})
+        ended = set(zip(cell.loc[cell["ended"], "lr"], cell.loc[cell["ended"], "seed"]))
+        if not grid <= ended:
+            waiting[(norm, int(depth))] = (len(grid & ended), len(grid))
     return waiting
 
 
-def whole_cells(runs: pd.DataFrame, asked: Optional[Path] = None) -> pd.DataFrame:
-    """The runs of the (scheme, depth) cells whose grid has ended (`waiting_cells` left out)."""
-    waiting = waiting_cells(runs, asked)
-    if not waiting:
-        return runs
-    keys = zip(runs["norm"].astype(str), pd.to_numeric(runs["depth"], errors="coerce"))
-    return runs[[(norm, int(depth)) not in waiting if math.isfinite(depth) else False for norm, depth in keys]]
+def whole_cells(runs: pd.DataFrame, study: Optional[Path] = None) -> pd.DataFrame:
+    """The runs of the (scheme, depth) cells whose grid has ended (`waiting_cells` left out): what a board ranks."""
+    waiting = waiting_cells(runs, study)
+    cells = cell_runs(runs)
+    keep = [(norm, int(depth)) not in waiting for norm, depth in zip(cells["norm"], cells["depth"])]
+    return runs.loc[cells.index[keep]]
 
 
-def board(runs: pd.DataFrame, layers: pd.DataFrame = pd.DataFrame(), asked: Optional[Path] = None) -> pd.DataFrame:
-    """One row per scheme and depth whose grid has ended (`asked`: `waiting_cells`'), ranked within the depth
-    (the module docstring's rules)."""
-    runs = whole_cells(runs, asked)
+def board(runs: pd.DataFrame, layers: pd.DataFrame = pd.DataFrame()) -> pd.DataFrame:
+    """One row per scheme and depth, ranked within the depth (the module docstring's rules), from whole cells
+    (`whole_cells`: the caller's, who knows the sweeps that made them)."""
     summary = lr_summary(runs)
     if summary.empty:
         return pd.DataFrame()
@@ -293,13 +307,24 @@ def _values(runs: pd.DataFrame, key: str, numeric: bool = False) -> tuple:
     return tuple(sorted(values.unique()))
 
 
+def common_grid(runs: pd.DataFrame) -> tuple[tuple, tuple]:
+    """The rates and seeds most (scheme, depth) cells of `runs` hold (ties: the larger grid), so one scheme's
+    grid extended around its own stable range does not make the others' another battery."""
+    cells = cell_runs(runs)
+    if cells.empty:
+        return (), ()
+    grids = [(tuple(sorted(set(cell["lr"]))), tuple(sorted(set(cell["seed"]))))
+             for _, cell in cells.groupby(["norm", "depth"])]
+    return max(set(grids), key=lambda grid: (grids.count(grid), len(grid[0]) * len(grid[1]), grid))
+
+
 def battery(runs: pd.DataFrame) -> dict[str, tuple]:
     """What a board's runs share and a scorecard must share with them: every model, data and training setting
-    (BATTERY_PREFIXES, less NOT_BATTERY), and the grid of rates, the seeds and the depths."""
+    (BATTERY_PREFIXES, less NOT_BATTERY), the grid of rates and seeds most cells hold, and the depths."""
     keys = [c for c in runs.columns if str(c).startswith(BATTERY_PREFIXES) and c not in NOT_BATTERY]
     shared = {key: _values(runs, key) for key in keys}
-    shared.update(rates=_values(runs, LR, numeric=True), seeds=_values(runs, "seed", numeric=True),
-                  depths=tuple(int(d) for d in _values(runs, "depth", numeric=True)))
+    rates, seeds = common_grid(runs)
+    shared.update(rates=rates, seeds=seeds, depths=tuple(int(d) for d in _values(runs, "depth", numeric=True)))
     return shared
 
 
@@ -308,11 +333,12 @@ def _listed(values: tuple) -> str:
 
 
 def battery_differences(board_runs: pd.DataFrame, candidate: pd.DataFrame) -> list[str]:
-    """"train.steps: 200 here, 500 on the board": where a scorecard's battery is not the board's (empty: same).
-    A setting one side's records lack is not compared (records written before it existed)."""
+    """"train.steps: 200 here, 500 on the board": where a scorecard's battery is not the board's (empty: same),
+    each read from its whole cells. A setting one side's records lack is not compared (records written before
+    it existed); a scorecard at some of the board's depths is one whose other depths have not ended."""
     ours, theirs = battery(candidate), battery(board_runs)
-    return [f"{key}: {_listed(ours[key])} here, {_listed(theirs[key])} on the board"
-            for key in theirs if key in ours and ours[key] != theirs[key]]
+    return [f"{key}: {_listed(ours[key])} here, {_listed(theirs[key])} on the board" for key in theirs
+            if key in ours and (not set(ours[key]) <= set(theirs[key]) if key == "depths" else ours[key] != theirs[key])]
 
 
 def mixed_battery(runs: pd.DataFrame) -> list[str]:
@@ -326,10 +352,12 @@ def stops_once_trained(runs: pd.DataFrame) -> bool:
     return bool(runs.get("train.stop_when_trained", pd.Series(dtype=object)).eq(True).any())
 
 
-def unranked(runs: pd.DataFrame) -> str:
-    """Why `runs` cannot be a board ("" where they can): fewer than two rates, runs that stop once trained, or
-    runs of more than one battery."""
-    if len(_values(runs, LR, numeric=True)) < 2:
+def unranked(runs: pd.DataFrame, whole: Optional[pd.DataFrame] = None) -> str:
+    """Why `runs` cannot be a board ("" where they can): fewer than two rates in its whole cells (`whole`; all of
+    `runs` where not given; no whole cell yet: not this reason, its cells wait), runs that stop once trained, or
+    runs of more than one battery (both read from every run, whole cells or not)."""
+    rated = runs if whole is None else whole
+    if not rated.empty and len(_values(rated, LR, numeric=True)) < 2:
         return "one learning rate"
     if stops_once_trained(runs):
         return "its runs stop once trained (train.stop_when_trained): their last losses are no final ones"
@@ -337,17 +365,22 @@ def unranked(runs: pd.DataFrame) -> str:
     return f"its runs are of more than one battery ({'; '.join(mixed)})" if mixed else ""
 
 
-def waiting_line(waiting: dict[tuple[str, int], str], depth: int) -> list[str]:
-    """The page's line naming the schemes at `depth` whose grid has not ended (none: no line)."""
-    names = [f"{md_text(norm)} ({count})" for (norm, at), count in sorted(waiting.items()) if at == depth]
-    return [f"Not ranked until its grid has ended: {', '.join(names)}."] if names else []
+def waiting_line(waiting: dict[tuple[str, int], tuple[int, int]], depth: int) -> list[str]:
+    """The page's line naming the schemes at `depth` whose grid has not ended, begun ones with their count (none:
+    no line)."""
+    at_depth = sorted((norm, count) for (norm, at), count in waiting.items() if at == depth)
+    begun = [f"{md_text(norm)} ({ended} of {grid} runs ended)" for norm, (ended, grid) in at_depth if ended]
+    fresh = [md_text(norm) for norm, (ended, _) in at_depth if not ended]
+    parts = begun + ([f"not begun: {', '.join(fresh)}"] if fresh else [])
+    return [f"Not ranked until its grid has ended: {'; '.join(parts)}."] if parts else []
 
 
 def board_section(page: Page, evidence: Evidence, name: str) -> None:
-    runs, asked = evidence.runs(name), evidence.study_dir(name)
-    whole, waiting = whole_cells(runs, asked), waiting_cells(runs, asked)
-    if not whole.empty and unranked(runs):  # a grid that has not ended is no grid yet: its cells wait below
-        page.add(f"Not ranked: {md_text(unranked(runs))}. Another battery runs under its own `experiment_name`.")
+    runs, study = evidence.runs(name), evidence.study_dir(name)
+    whole, waiting = whole_cells(runs, study), waiting_cells(runs, study)
+    reason = unranked(runs, whole)
+    if reason:
+        page.add(f"Not ranked: {md_text(reason)}. Another battery runs under its own `experiment_name`.")
         return
     table = board(whole, evidence.layers(name))
     if table.empty and not waiting:
@@ -380,9 +413,10 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
 
 def board_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
     """The board per depth (`board/L<depth>`) and the grid's frontier against depth."""
-    runs = whole_cells(evidence.runs(name), evidence.study_dir(name))
+    every = evidence.runs(name)
+    runs = whole_cells(every, evidence.study_dir(name))
     table = board(runs, evidence.layers(name))
-    if table.empty or unranked(runs):
+    if table.empty or unranked(every, runs):
         return {}
     out = {f"board/L{depth}": board_rows(table, int(depth)) for depth in sorted(table["depth"].unique())}
     out["frontier/slopes"] = frontier_slopes(runs)

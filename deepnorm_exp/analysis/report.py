@@ -20,7 +20,7 @@ from .. import records
 from .escape import html_text
 
 from . import at_one_lr, comparison_table, load_frontier, load_layer_records, load_runs, load_scalars, plots
-from .board import board, board_rows, unranked
+from .board import board, board_rows, unranked, whole_cells
 from .frontier_law import fit_frontier_law
 from .tables import diagnosis_table, shared_value
 
@@ -154,7 +154,7 @@ def build_report(root: str | Path) -> str:
         raise SystemExit(f"deepnorm_exp.analysis.report: no runs (no */summary.json) under {root}")
     frontier = load_frontier(root)
     # a bisection's probes are no grid: each cell tried its own rates
-    sections = [*_summary_section(root, runs), *(_board_section(runs) if frontier.empty else []), *_frontier_section(frontier),
+    sections = [*_summary_section(root, runs), *(_board_section(runs, root) if frontier.empty else []), *_frontier_section(frontier),
                 *_figure_sections(runs, frontier),
                 "<h2>Runs</h2>", "<p>Click a header to sort.</p>", runs_table(runs), *_diagnosis_section(runs)]
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>deepnorm_exp: '
@@ -182,13 +182,14 @@ def _summary_section(root: Path, runs: pd.DataFrame) -> list[str]:
     return sections
 
 
-def _board_section(runs: pd.DataFrame) -> list[str]:
+def _board_section(runs: pd.DataFrame, root: Path) -> list[str]:
     """Where the runs hold a grid of rates (of one battery, each run to its end: board.unranked): each scheme at
     its own best rate per depth, ranked within the seeds' noise by the board's rules (board.py;
-    experiment=board, a scorecard's runs, a learning-rate study)."""
-    if "train.lr" not in runs or unranked(runs):
+    experiment=board, a scorecard's runs, a learning-rate study), from the cells whose grid has ended."""
+    whole = whole_cells(runs, root) if "train.lr" in runs else runs.iloc[:0]
+    if whole.empty or unranked(runs, whole):
         return []
-    table = board(runs, load_layer_records(at_one_lr(runs)[0]))
+    table = board(whole, load_layer_records(at_one_lr(whole)[0]))
     if table.empty:
         return []
     sections = ["<h2>Each scheme at its own best rate</h2>",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from .board import battery_differences, board, board_rows, unranked, whole_cells
+from .board import battery_differences, board, board_rows, unranked, waiting_cells, whole_cells
 from .evidence import Evidence
 from .runs import load_layer_records, load_runs
 from ..sweeps.hydra_callbacks import ComparisonTable
@@ -41,29 +41,31 @@ def scorecard_text(root: str | Path) -> str:
     if candidate.empty:
         return f"No scorecard runs under {root / SCORECARD}: python -m deepnorm_exp -m experiment=scorecard norm=<name>"
     evidence = Evidence(root)
-    board_runs, asked = evidence.runs(BOARD), evidence.study_dir(BOARD)
+    board_runs = evidence.runs(BOARD)
+    board_whole = whole_cells(board_runs, evidence.study_dir(BOARD))
+    waiting = waiting_cells(candidate, root / SCORECARD)
+    candidate = whole_cells(candidate, root / SCORECARD)
     lines = []
-    if whole_cells(board_runs, asked).empty:
+    if board_whole.empty:
         lines.append(f"No board row has ended under {root / BOARD} (python -m deepnorm_exp -m experiment=board): "
                      "the scorecard's rows alone.")
-        board_runs = pd.DataFrame()
-    elif unranked(board_runs):
-        return f"Not ranked: the board's records are no board: {unranked(board_runs)}."
+    elif unranked(board_runs, board_whole):
+        return f"Not ranked: the board's records are no board: {unranked(board_runs, board_whole)}."
     else:  # each scheme apart: one scored at another battery leaves the others ranked
-        refused = {norm: battery_differences(board_runs, runs) for norm, runs in candidate.groupby("norm")}
+        refused = {norm: battery_differences(board_whole, runs) for norm, runs in candidate.groupby("norm")}
         refused = {norm: differences for norm, differences in refused.items() if differences}
         lines += [f"Not ranked: {norm}'s battery is not the board's ({'; '.join(differences)})."
                   for norm, differences in sorted(refused.items())]
         candidate = candidate[~candidate["norm"].isin(refused)]
-        if candidate.empty:
-            return "\n".join(lines)
-    candidate = scored(board_runs, candidate)
+    lines += [f"Not ranked until its grid has ended: {norm} at depth {depth} ({ended} of {grid} runs ended)."
+              for (norm, depth), (ended, grid) in sorted(waiting.items())]
+    if candidate.empty:
+        return "\n".join(lines + ([] if lines else ["No scorecard run has ended yet."]))
+    candidate = scored(board_whole, candidate)
     names = set(candidate["norm"])
-    runs = pd.concat([board_runs, candidate], ignore_index=True)
+    runs = pd.concat([board_whole, candidate], ignore_index=True)
     layers = pd.concat([evidence.layers(BOARD), load_layer_records(candidate)], ignore_index=True)
-    table = board(runs, layers, asked)
-    if table.empty:
-        return "\n".join(lines + ["No scorecard run has ended yet."])
+    table = board(runs, layers)
     from .page import markdown_table
 
     for depth in sorted(table["depth"].unique()):
@@ -71,7 +73,7 @@ def scorecard_text(root: str | Path) -> str:
         rows["norm"] = ["→ " + n if n in names else n for n in rows["norm"]]
         ranks = table[(table["depth"] == depth) & table["norm"].isin(names)]
         placed = ", ".join(f"{r.norm} rank {r.rank} of {int((table['depth'] == depth).sum())}" for r in ranks.itertuples())
-        lines += ["", f"Depth {depth}: {placed}", markdown_table(rows, index=False)]
+        lines += ["", f"Depth {depth}: {placed or 'no scorecard row has ended here'}", markdown_table(rows, index=False)]
     return "\n".join(lines).strip()
 
 

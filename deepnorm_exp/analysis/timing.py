@@ -94,27 +94,6 @@ def sweeper_setting(study: Path, key: str, default):
     return node
 
 
-def asked_axis(study: Path, key: str) -> list[float]:
-    """Every value the sweeps of `study` were asked for on the numeric axis `key` (`train.lr`, `seed`): per
-    invocation in the sweep log, its command line's value where it set the key, else the preset's
-    (multirun.yaml's hydra.sweeper.params); [] where not known (no such axis, or not a plain comma list of
-    numbers: range(), interval(), a damaged record)."""
-    preset = sweeper_setting(study, "params", None)
-    preset_axis = preset.get(key) if isinstance(preset, dict) else None
-    log = records.read_jsonl(study / StudyDir.SWEEP_LOG)
-    starts = [line for line in log if isinstance(line, dict) and line.get("event") == "start"]
-    values: set[float] = set()
-    for start in starts or [{}]:
-        overrides = [str(o).lstrip("+~").split("=", 1) for o in start.get("overrides") or []]
-        given = [override[1] for override in overrides if len(override) == 2 and override[0] == key]
-        axis = given[-1] if given else preset_axis
-        try:
-            values.update(float(value) for value in str(axis).split(",")) if axis is not None else None
-        except ValueError:
-            return []
-    return sorted(values)
-
-
 def grid_size(experiment_dir: str | Path) -> Optional[int]:
     """How many jobs the preset's grid holds, from the sweep's multirun.yaml: hydra.sweeper.params as the
     preset set them (a command line that narrows an axis, `depth=18,6`, leaves them and changes only
