@@ -10,7 +10,7 @@ import pytest
 
 from deepnorm_exp.analysis.board import (battery_differences, board, board_rows, failures, frontier_change, frontier_rates,
                                          frontier_slopes, grid_brackets, init_cosine, mixed_battery, pooled_sd, rank_within_noise, unranked,
-                                         waiting_cells, waiting_line, whole_cells)
+                                         waiting_cells, waiting_line, whole_cells, common_grid)
 from deepnorm_exp.analysis.scorecard import MARK, scored
 
 INIT = 5.0
@@ -121,7 +121,7 @@ def test_a_scheme_whose_grid_has_not_ended_is_not_ranked_until_it_has():
     a = grid("a", 6, {1e-3: (3.1, 3.1), 3e-3: (3.3, 3.3)})
     b_begun = grid("b", 6, {1e-3: (3.0, 3.0)}) + [run("b", 6, 3e-3, 0, np.nan, status="running")]
     runs = pd.DataFrame(a + b_begun + grid("a", 24, {1e-3: (3.2, 3.2), 3e-3: (3.4, 3.4)}))
-    assert waiting_cells(runs) == {("b", 6): (2, 4)}
+    assert waiting_cells(runs) == {("b", 6): (2, 3, 4)}
     assert board(whole_cells(runs))["norm"].tolist() == ["a", "a"]
     assert waiting_line(waiting_cells(runs), 6) == ["Not ranked until its grid has ended: b (2 of 4 runs ended)."]
     assert waiting_line(waiting_cells(runs), 24) == []
@@ -133,12 +133,12 @@ def test_a_cells_grid_is_its_pairs_of_rate_and_seed_and_one_schemes_extension_le
     """Reviewed: a count of ended runs let a run of an unreadable rate stand in for (3e-3, seed 1), and a grid
     taken over the whole board left every cell waiting once one scheme tried one rate more."""
     holed = pd.DataFrame(grid("a", 6, {1e-3: (3.0, 3.1)}) + [run("a", 6, 3e-3, 0, 3.2), run("a", 6, "x", 1, 3.3)])
-    assert waiting_cells(holed) == {("a", 6): (3, 4)}
+    assert waiting_cells(holed) == {("a", 6): (3, 3, 4)}
     as_text = pd.DataFrame(grid("a", 6, {1e-3: (3.0, 3.1)})).assign(seed=["0", "1"])  # seeds read back as text
     assert waiting_cells(as_text) == {}
     whole = grid("a", 6, {1e-3: (3.0, 3.1), 3e-3: (3.2, 3.3)}) + grid("a", 24, {1e-3: (3.0, 3.1), 3e-3: (3.2, 3.3)})
     extended = pd.DataFrame(whole + [run("a", 24, 1e-2, 0, 3.5)])  # one more rate, one seed, at one depth
-    assert waiting_cells(extended) == {("a", 24): (5, 6)}  # no sweep log: its rates at each of its seeds
+    assert waiting_cells(extended) == {("a", 24): (5, 5, 6)}  # no sweep log: its rates at each of its seeds
     (tmp_path / "multirun.yaml").write_text("hydra:\n  sweeper:\n    params:\n      norm: a\n      depth: 24,6\n"
                                             "      train.lr: 1e-3,3e-3\n      seed: 0,1\n")
     (tmp_path / "sweeps.jsonl").write_text(
@@ -146,7 +146,7 @@ def test_a_cells_grid_is_its_pairs_of_rate_and_seed_and_one_schemes_extension_le
         + json.dumps({"event": "start", "overrides": ["experiment=board", "depth=24", "train.lr=1e-2", "seed=0"]}) + "\n")
     assert waiting_cells(extended, tmp_path) == {}  # asked for that one run: every cell whole
     first = pd.DataFrame([run("a", 24, 1e-3, 0, 3.0), run("a", 24, 3e-3, 0, 3.1)])  # the sweep's first two runs
-    assert waiting_cells(first, tmp_path) == {("a", 6): (0, 4), ("a", 24): (2, 5)}
+    assert waiting_cells(first, tmp_path) == {("a", 6): (0, 0, 4), ("a", 24): (2, 2, 5)}
     assert waiting_line(waiting_cells(first, tmp_path), 6) == ["Not ranked until its grid has ended: not begun: a."]
 
 
@@ -406,3 +406,30 @@ def test_a_scorecard_part_way_through_its_grid_waits_rather_than_being_refused(t
     assert "battery is not the board's" not in text
     assert "Not ranked until its grid has ended: mine at depth 24 (1 of 4 runs ended)." in text
     assert "Depth 6: mine rank 1 of 2" in text and "Depth 24: no scorecard row has ended here" in text
+
+
+def test_a_running_cell_is_begun_a_range_axis_asks_for_the_runs_grid_and_odd_records_stay_whole(tmp_path):
+    """Reviewed again: a cell whose only run was still going read "not begun"; a seed axis given as range() asked
+    for nothing, so two ended runs made a whole cell; a repeated index doubled the runs kept; a run of a
+    fractional depth hid its neighbour's cell; a scorecard whose grid held the board's and one rate more was
+    refused though the page promised extensions leave the battery alone."""
+    running = {("pre", 48): waiting_cells(pd.DataFrame([run("pre", 48, 1e-3, 0, np.nan, status="running")]))[("pre", 48)]}
+    assert waiting_line(running, 48) == ["Not ranked until its grid has ended: pre (0 of 1 runs ended)."]
+    (tmp_path / "sweeps.jsonl").write_text(json.dumps({"event": "start", "overrides": ["norm=mine", "depth=6",
+                                                       "train.lr=1e-3,3e-3", "seed=range(0,3)"]}) + "\n")
+    two = pd.DataFrame([run("mine", 6, 1e-3, 0, 3.0), run("mine", 6, 3e-3, 1, 3.1)])
+    assert waiting_cells(two, tmp_path) == {("mine", 6): (2, 2, 4)}  # the runs' rates at the runs' seeds, at least
+    whole = pd.DataFrame(grid("a", 6, {1e-3: (3.0, 3.1), 3e-3: (3.2, 3.3)}))
+    assert len(whole_cells(whole.set_index(pd.Index([0, 1, 0, 1])))) == 4
+    assert len(whole_cells(pd.concat([whole, pd.DataFrame([run("a", 6.5, 1e-3, 0, 3.0)])]))) == 4
+    (tmp_path / "sweeps.jsonl").unlink()
+    (tmp_path / "sweeps.jsonl").mkdir()  # unreadable as a log: none
+    assert waiting_cells(two, tmp_path) == {("mine", 6): (2, 2, 4)}
+    rates = (3e-4, 1e-3, 3e-3, 1e-2)
+    board_runs = pd.DataFrame([run(n, d, lr, s, 3.0) for n in ("pre", "post") for d in (6, 24) for lr in rates for s in (0, 1)])
+    extended = pd.DataFrame([run("mine", d, lr, s, 3.0) for d in (6, 24) for lr in (*rates, 3e-2) for s in (0, 1)])
+    assert battery_differences(board_runs, extended) == []
+    assert [d.split(":")[0] for d in battery_differences(board_runs, extended[extended["train.lr"] != 3e-4])] == ["rates"]
+    tie = pd.DataFrame([run("pre", 6, lr, s, 3.0) for lr in rates for s in (0, 1)]
+                       + [run("pre", 24, lr, s, 3.0) for lr in (*rates, 3e-2) for s in (0, 1)])
+    assert common_grid(tie) == (rates, (0, 1))  # a tie: the smaller grid

@@ -384,7 +384,7 @@ def test_what_a_sweep_asked_for_is_each_invocations_command_line_or_else_the_pre
     (tmp_path / "multirun.yaml").write_text("hydra:\n  sweeper:\n    params:\n      train.lr: 3e-4,1e-3\n      seed: 0,1\n")
     (preset,) = invocations(tmp_path)  # no sweep log: the preset's
     assert (preset["train.lr"], preset["seed"], preset["norm"]) == (("3e-4", "1e-3"), ("0", "1"), None)
-    assert asked_pairs([preset], "any", 6.0) == {(3e-4, 0), (3e-4, 1), (1e-3, 0), (1e-3, 1)}
+    assert asked_pairs([preset], "any", 6.0, {(1e-2, 7)}) == {(3e-4, 0), (3e-4, 1), (1e-3, 0), (1e-3, 1), (1e-2, 7)}
     starts = [["experiment=board", "train.lr=1e-2,3e-2", "norm=pre"], ["experiment=board"], ["++seed=5"],
               ["train.lr=range(1,3)"], "train.lr=9", {"train.lr": 9}, 5, ["train.lr=[1,2]"]]
     lines = [json.dumps({"event": "start", "overrides": o}) for o in starts] + ["[1]", "not json", '{"event": "end"}']

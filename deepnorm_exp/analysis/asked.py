@@ -6,6 +6,7 @@ untrusted input: an axis that cannot be read is not known (None), never a crash.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -35,8 +36,11 @@ def invocations(study: Optional[Path]) -> list[Invocation]:
     except (ValueError, OSError):  # a damaged multirun.yaml: the preset's axes are not known
         params = None
     preset = params if isinstance(params, dict) else {}
-    starts = [line for line in records.read_jsonl(study / StudyDir.SWEEP_LOG)
-              if isinstance(line, dict) and line.get("event") == "start"]
+    try:
+        log = records.read_jsonl(study / StudyDir.SWEEP_LOG)
+    except OSError:  # a directory, an unreadable file: no log
+        log = []
+    starts = [line for line in log if isinstance(line, dict) and line.get("event") == "start"]
     if not starts and not preset:
         return []
     asked = []
@@ -48,13 +52,15 @@ def invocations(study: Optional[Path]) -> list[Invocation]:
 
 
 def numbers(values: Optional[tuple[str, ...]]) -> set[float]:
-    """The values that read as numbers (none where the axis is not known)."""
+    """The values that read as finite numbers (none where the axis is not known)."""
     out = set()
     for value in values or ():
         try:
-            out.add(float(value))
+            number = float(value)
         except ValueError:
-            pass
+            continue
+        if math.isfinite(number):
+            out.add(number)
     return out
 
 
@@ -64,10 +70,19 @@ def covers(invocation: Invocation, norm: str, depth: float) -> bool:
     return (norms is None or norm in norms) and (depths is None or depth in numbers(depths))
 
 
-def asked_pairs(asked: list[Invocation], norm: str, depth: float) -> set[tuple[float, float]]:
-    """The (rate, seed) pairs the invocations that reached the cell asked for."""
-    return {(rate, seed) for invocation in asked if covers(invocation, norm, depth)
-            for rate in numbers(invocation[LR]) for seed in numbers(invocation["seed"])}
+def asked_pairs(asked: list[Invocation], norm: str, depth: float,
+                held: set[tuple[float, float]]) -> set[tuple[float, float]]:
+    """The (rate, seed) pairs the invocations that reached the cell asked for; where one's rate or seed axis is
+    not known (range(), a damaged record), every rate the cell's runs (`held` pairs) hold at every seed they do."""
+    pairs = set(held)
+    for invocation in asked:
+        if covers(invocation, norm, depth):
+            rates, seeds = numbers(invocation[LR]), numbers(invocation["seed"])
+            if invocation[LR] is None or invocation["seed"] is None:
+                rates |= {rate for rate, _ in held}
+                seeds |= {seed for _, seed in held}
+            pairs |= {(rate, seed) for rate in rates for seed in seeds}
+    return pairs
 
 
 def asked_values(asked: list[Invocation], key: str, norm: Optional[str] = None) -> set[float]:

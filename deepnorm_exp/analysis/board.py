@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
@@ -195,43 +195,55 @@ def best_rate_steps(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def cell_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """norm, depth, lr, seed as numbers (rows that do not read as such left out) and whether the run ended."""
+    """norm, depth, lr, seed as numbers (rows that do not read as such, or of a fractional depth, left out) and
+    whether the run ended,
+    indexed by each run's position in `runs`."""
     if runs.empty or not {"norm", "depth", LR, "seed", "status"} <= set(runs.columns):
         return pd.DataFrame(columns=["norm", "depth", "lr", "seed", "ended"])
-    cells = pd.DataFrame({"norm": runs["norm"].astype(str), "depth": pd.to_numeric(runs["depth"], errors="coerce"),
-                          "lr": pd.to_numeric(runs[LR], errors="coerce"),
-                          "seed": pd.to_numeric(runs["seed"], errors="coerce"),
-                          "ended": runs["status"].isin(FINAL_OR_FAILED)}, index=runs.index)
-    return cells[np.isfinite(cells[["depth", "lr", "seed"]].to_numpy(float)).all(axis=1)]
+    cells = pd.DataFrame({"norm": runs["norm"].astype(str).to_numpy(),
+                          "depth": pd.to_numeric(runs["depth"], errors="coerce").to_numpy(),
+                          "lr": pd.to_numeric(runs[LR], errors="coerce").to_numpy(),
+                          "seed": pd.to_numeric(runs["seed"], errors="coerce").to_numpy(),
+                          "ended": runs["status"].isin(FINAL_OR_FAILED).to_numpy()})
+    numeric = cells[["depth", "lr", "seed"]].to_numpy(float)
+    return cells[np.isfinite(numeric).all(axis=1) & (numeric[:, 0] == np.floor(numeric[:, 0]))]
 
 
-def waiting_cells(runs: pd.DataFrame, study: Optional[Path] = None) -> dict[tuple[str, int], tuple[int, int]]:
-    """(scheme, depth) -> (runs ended, runs of its grid), for the cells whose grid has not ended (a run still
-    going or not begun, or no run begun). A cell's grid: the (rate, seed) pairs the sweep invocations that
-    reached it asked for (`study`'s sweep log: asked.py) and those its runs hold; without a log, every rate of its
-    runs at every seed of its runs."""
+class Waiting(NamedTuple):
+    """A cell whose grid has not ended: its runs ended, held (begun) and asked for."""
+
+    ended: int
+    held: int
+    grid: int
+
+
+def waiting_cells(runs: pd.DataFrame, study: Optional[Path] = None) -> dict[tuple[str, int], Waiting]:
+    """(scheme, depth) -> its counts, for the cells whose grid has not ended (a run still going or not begun,
+    or no run begun). A cell's grid: the (rate, seed) pairs the sweep invocations that reached it asked for
+    (`study`'s sweep log, else its preset's axes: asked.py) and those its runs hold; with neither, every rate of
+    its runs at every seed of its runs."""
     asked, cells = invocations(study), cell_runs(runs)
     keys = {(norm, depth) for norm, depth in zip(cells["norm"], cells["depth"])}
     keys |= {(norm, depth) for invocation in asked if invocation["norm"] and invocation["depth"]
-             for norm in invocation["norm"] for depth in numbers(invocation["depth"]) if math.isfinite(depth)}
+             for norm in invocation["norm"] for depth in numbers(invocation["depth"]) if depth == int(depth)}
     waiting = {}
     for norm, depth in sorted(keys):
         cell = cells[(cells["norm"] == norm) & (cells["depth"] == depth)]
         held = set(zip(cell["lr"], cell["seed"]))
-        grid = (asked_pairs(asked, norm, depth) | held if asked
+        grid = (asked_pairs(asked, norm, depth, held) if asked
                 else {(lr, seed) for lr in set(cell["lr"]) for seed in set(cell["seed"])})
         ended = set(zip(cell.loc[cell["ended"], "lr"], cell.loc[cell["ended"], "seed"]))
         if not grid <= ended:
-            waiting[(norm, int(depth))] = (len(grid & ended), len(grid))
+            waiting[(norm, int(depth))] = Waiting(len(grid & ended), len(held), len(grid))
     return waiting
 
 
 def whole_cells(runs: pd.DataFrame, study: Optional[Path] = None) -> pd.DataFrame:
     """The runs of the (scheme, depth) cells whose grid has ended (`waiting_cells` left out): what a board ranks."""
     waiting = waiting_cells(runs, study)
-    cells = cell_runs(runs)
+    cells = cell_runs(runs)  # indexed by position in `runs`
     keep = [(norm, int(depth)) not in waiting for norm, depth in zip(cells["norm"], cells["depth"])]
-    return runs.loc[cells.index[keep]]
+    return runs.iloc[cells.index[keep]]
 
 
 def board(runs: pd.DataFrame, layers: pd.DataFrame = pd.DataFrame()) -> pd.DataFrame:
@@ -308,14 +320,14 @@ def _values(runs: pd.DataFrame, key: str, numeric: bool = False) -> tuple:
 
 
 def common_grid(runs: pd.DataFrame) -> tuple[tuple, tuple]:
-    """The rates and seeds most (scheme, depth) cells of `runs` hold (ties: the larger grid), so one scheme's
+    """The rates and seeds most (scheme, depth) cells of `runs` hold (ties: the smaller grid), so one scheme's
     grid extended around its own stable range does not make the others' another battery."""
     cells = cell_runs(runs)
     if cells.empty:
         return (), ()
     grids = [(tuple(sorted(set(cell["lr"]))), tuple(sorted(set(cell["seed"]))))
              for _, cell in cells.groupby(["norm", "depth"])]
-    return max(set(grids), key=lambda grid: (grids.count(grid), len(grid[0]) * len(grid[1]), grid))
+    return max(set(grids), key=lambda grid: (grids.count(grid), -len(grid[0]) * len(grid[1]), grid))
 
 
 def battery(runs: pd.DataFrame) -> dict[str, tuple]:
@@ -335,10 +347,14 @@ def _listed(values: tuple) -> str:
 def battery_differences(board_runs: pd.DataFrame, candidate: pd.DataFrame) -> list[str]:
     """"train.steps: 200 here, 500 on the board": where a scorecard's battery is not the board's (empty: same),
     each read from its whole cells. A setting one side's records lack is not compared (records written before
-    it existed); a scorecard at some of the board's depths is one whose other depths have not ended."""
+    it existed); a scorecard at some of the board's depths is one whose other depths have not ended; one whose
+    grid holds the board's and more rates or seeds (extended around its own range, as a board's scheme may be)
+    is of the board's battery."""
     ours, theirs = battery(candidate), battery(board_runs)
     return [f"{key}: {_listed(ours[key])} here, {_listed(theirs[key])} on the board" for key in theirs
-            if key in ours and (not set(ours[key]) <= set(theirs[key]) if key == "depths" else ours[key] != theirs[key])]
+            if key in ours and (not set(ours[key]) <= set(theirs[key]) if key == "depths"
+                                else not set(ours[key]) >= set(theirs[key]) if key in ("rates", "seeds")
+                                else ours[key] != theirs[key])]
 
 
 def mixed_battery(runs: pd.DataFrame) -> list[str]:
@@ -365,12 +381,12 @@ def unranked(runs: pd.DataFrame, whole: Optional[pd.DataFrame] = None) -> str:
     return f"its runs are of more than one battery ({'; '.join(mixed)})" if mixed else ""
 
 
-def waiting_line(waiting: dict[tuple[str, int], tuple[int, int]], depth: int) -> list[str]:
+def waiting_line(waiting: dict[tuple[str, int], Waiting], depth: int) -> list[str]:
     """The page's line naming the schemes at `depth` whose grid has not ended, begun ones with their count (none:
     no line)."""
-    at_depth = sorted((norm, count) for (norm, at), count in waiting.items() if at == depth)
-    begun = [f"{md_text(norm)} ({ended} of {grid} runs ended)" for norm, (ended, grid) in at_depth if ended]
-    fresh = [md_text(norm) for norm, (ended, _) in at_depth if not ended]
+    at_depth = sorted((norm, cell) for (norm, at), cell in waiting.items() if at == depth)
+    begun = [f"{md_text(norm)} ({cell.ended} of {cell.grid} runs ended)" for norm, cell in at_depth if cell.held]
+    fresh = [md_text(norm) for norm, cell in at_depth if not cell.held]
     parts = begun + ([f"not begun: {', '.join(fresh)}"] if fresh else [])
     return [f"Not ranked until its grid has ended: {'; '.join(parts)}."] if parts else []
 

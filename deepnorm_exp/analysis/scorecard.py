@@ -58,7 +58,7 @@ def scorecard_text(root: str | Path) -> str:
                   for norm, differences in sorted(refused.items())]
         candidate = candidate[~candidate["norm"].isin(refused)]
     lines += [f"Not ranked until its grid has ended: {norm} at depth {depth} ({ended} of {grid} runs ended)."
-              for (norm, depth), (ended, grid) in sorted(waiting.items())]
+              for (norm, depth), (ended, _, grid) in sorted(waiting.items())]
     if candidate.empty:
         return "\n".join(lines + ([] if lines else ["No scorecard run has ended yet."]))
     candidate = scored(board_whole, candidate)
