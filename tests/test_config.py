@@ -79,11 +79,11 @@ def test_a_presets_sweep_has_the_runs_its_header_states(preset):
 def test_the_board_sweeps_scheme_by_scheme_deepest_first():
     """The board runs over many sessions: in Hydra's own order (its basic sweeper's split, the first axis
     slowest) the first 24 jobs are one scheme's whole grid, deepest first, so a stopped sweep leaves whole rows."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra_plugins.deepnorm_exp_frontier._hydra_internals import split_sweep
 
     params = compose_with_hydra(["experiment=board"]).hydra.sweeper.params
     parsed = OverridesParser.create().parse_overrides([f"{key}={values}" for key, values in params.items()])
-    (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    jobs = split_sweep(parsed)
     axis = [[dict(o.split("=", 1) for o in job)[key] for job in jobs] for key in ("norm", "depth")]
     assert len(jobs) == 696 and set(axis[0][:24]) == {"post"} and axis[0][24] == "pre"
     assert axis[1][:24] == ["100"] * 8 + ["24"] * 8 + ["6"] * 8
