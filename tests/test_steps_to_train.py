@@ -105,6 +105,25 @@ def test_the_budget_decides_where_no_other_scheme_trains_early_at_depth():
     assert met is None and "neither Pre-LN nor DeepNorm trains every seed by step 300 at L100" in numbers
 
 
+def test_post_ln_failing_where_its_grid_stops_at_its_shallower_best_rate_cannot_tell():
+    """Deeper Post-LN takes lower rates (the learning-rate study), so it fails at depth only where the rates
+    tried there reach below its best rate at the nearest shallower depth where it trained: steps_to_train's
+    Post-LN trained at L18 only at 3e-4, the grid's lowest, and failed at L50 and L100 at 3e-4 and up."""
+    from deepnorm_exp.analysis.steps_to_train import post_unstable_with_depth
+
+    runs = study(post_deep=NEVER)
+    no_lower = runs[~((runs.norm == "post") & (runs.depth == 100) & (runs["train.lr"] == 3e-4))]
+    met, numbers = post_unstable_with_depth(no_lower)
+    assert met is None and numbers.endswith(
+        "(Post-LN trained at no rate at L100, but the lowest rate tried there (0.001) is no lower than its best "
+        "rate at L6 (0.001): a lower rate may train)")
+    trained_at_the_lower = runs.copy()
+    trained_at_the_lower.loc[(runs.norm == "post") & (runs.depth == 6) & (runs["train.lr"] == 1e-3),
+                             "train.lr"] = 3e-4  # L6's best is now the lowest rate L100 tried
+    assert post_unstable_with_depth(trained_at_the_lower)[0] is None
+    assert post_unstable_with_depth(runs)[0] is True  # L100 tried 3e-4, below L6's best
+
+
 def test_post_ln_failing_at_the_shallowest_depth_too_is_not_a_depth_effect():
     from deepnorm_exp.analysis.steps_to_train import post_unstable_with_depth
 

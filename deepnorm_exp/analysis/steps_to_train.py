@@ -21,8 +21,10 @@ false): a scheme *fails* at a depth when no seed at any rate trained within the 
 when every seed at its best rate trained by SHORT_BUDGET. "Post-LN becomes unstable with depth" is reproduced
 when Post-LN fails at the deepest depth and trains at the shallowest, while Pre-LN or DeepNorm trains early at
 the deepest; not reproduced when Post-LN trains at every depth (then the numbers say how much slower it is);
-not testable when no other scheme trains early at the deepest depth (the budget, not the scheme, decides), or
-when Post-LN fails at the shallowest depth too. "DeepNorm trains at every depth": every DeepNorm seed at its
+not testable when no other scheme trains early at the deepest depth (the budget, not the scheme, decides),
+when Post-LN fails at the shallowest depth too, or when the rates tried at the deepest depth reach no lower than
+its best rate at the nearest shallower depth where it trained (`below_its_range`, added after the study's first
+96 runs: a deeper model takes a lower rate, and Post-LN's only rate that trained at L18 was the grid's lowest). "DeepNorm trains at every depth": every DeepNorm seed at its
 best rate trained within the budget at every depth. Records these rules cannot read (`unreadable`: a crashed run,
 runs of two budgets) make every claim that reads them "the data cannot tell", saying why.
 """
@@ -36,7 +38,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .page import Page, Study, charted, markdown_table, unmeasured_note
-from .plots import depth_axis, empty, norm_colors, norms_in
+from .plots import NORM_NAMES, depth_axis, empty, norm_colors, norms_in
 from .runs import config_column, outcomes
 from .tables import counted
 
@@ -139,6 +141,21 @@ def fails(cells: pd.DataFrame, norm: str, depth: int) -> bool:
     return not of.empty and int(of["by_budget"].sum()) == 0
 
 
+def below_its_range(cells: pd.DataFrame, best: pd.DataFrame, norm: str, depth: int) -> Optional[str]:
+    """Why `norm` failing at `depth` may be the grid's, or None: a deeper model takes a lower rate (the
+    learning-rate study: Post-LN's best rate falls with depth), so a failure counts only where the rates tried
+    reach below the best rate at the nearest shallower depth where `norm` trained."""
+    trained = best[(best["norm"] == norm) & (best["depth"] < depth) & (best["by_budget"] > 0)]
+    tried = cells.loc[(cells["norm"] == norm) & (cells["depth"] == depth), "lr"].dropna()
+    if trained.empty or tried.empty:
+        return None
+    nearest = trained.sort_values("depth").iloc[-1]
+    if tried.min() < nearest["lr"] * (1 - 1e-9):
+        return None
+    return (f"{NORM_NAMES[norm]} trained at no rate at L{depth}, but the lowest rate tried there ({tried.min():.3g}) "
+            f"is no lower than its best rate at L{nearest['depth']} ({nearest['lr']:.3g}): a lower rate may train")
+
+
 def trains_early(best: pd.DataFrame, norm: str, depth: int) -> bool:
     """Every seed of `norm` at its best rate trained by SHORT_BUDGET at `depth`."""
     row = best[(best["norm"] == norm) & (best["depth"] == depth)]
@@ -171,6 +188,8 @@ def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Optional[bool], str]:
         return None, text + f" (neither Pre-LN nor DeepNorm trains every seed by step {SHORT_BUDGET} at L{deepest})"
     if fails(cells, "post", shallowest):
         return None, text + f" (Post-LN fails at L{shallowest} too: not a depth effect)"
+    if fails(cells, "post", deepest) and (grid := below_its_range(cells, best, "post", deepest)):
+        return None, text + f" ({grid})"
     if fails(cells, "post", deepest):
         return True, text + f" (Post-LN fails at L{deepest}: no seed at any rate trained)"
     if all(not fails(cells, "post", depth) for depth in depths):
