@@ -90,3 +90,40 @@ def test_the_final_quality_claims_read_the_real_text_study():
     assert [c.paper for c in checks] == ["DeepNorm ends better than Pre-LN at the same depth.",
                                          "Post-LN, where it trains, ends better than Pre-LN.",
                                          "DeepNorm keeps improving as the model goes deeper."]
+
+
+def tuned(rates: dict) -> pd.DataFrame:
+    """text_lr's runs: rates[(norm, depth)] the grid it tried there (seed 0), and runs(...)'s rate 1e-3 for text_final."""
+    return pd.DataFrame([dict(norm=norm, depth=depth, seed=0, eval_loss=2.0, initial_eval_loss=5.5, status="completed",
+                              trained=True, run_name=f"{norm}-L{depth}-lr{lr}", **{"train.lr": lr})
+                         for (norm, depth), grid in rates.items() for lr in grid])
+
+
+def test_a_verdict_that_a_loser_tuned_at_its_grids_end_could_turn_cannot_tell():
+    """Tuning further can only lower a loss: where the scheme that lost was tuned at an end of text_lr's grid,
+    its optimum may lie beyond it and the verdict may turn; where the winner was, the verdict only widens."""
+    interior, edge = (3e-4, 1e-3, 3e-3), (1e-3, 3e-3, 1e-2)  # every text_final run here is at 1e-3
+    for grids, expected in (({("deepnorm", d): interior for d in (6, 18)} | {("pre", d): interior for d in (6, 18)}, True),
+                            ({("deepnorm", d): interior for d in (6, 18)} | {("pre", 6): interior, ("pre", 18): edge}, None),
+                            ({("deepnorm", d): edge for d in (6, 18)} | {("pre", d): interior for d in (6, 18)}, True)):
+        met, numbers = final.ends_better("deepnorm", "pre")(
+            evidence(**{f"runs_{final.STUDY}": runs(BETTER), f"runs_{final.TUNING}": tuned(grids)}))
+        assert met is expected, (grids, numbers)
+    assert numbers.count("low end of text_lr's grid") == 0
+    met, numbers = final.ends_better("deepnorm", "pre")(evidence(**{
+        f"runs_{final.STUDY}": runs(BETTER), f"runs_{final.TUNING}": tuned(
+            {("deepnorm", d): interior for d in (6, 18)} | {("pre", 6): interior, ("pre", 18): edge})}))
+    assert ("(pre at L18: lr 0.001, the low end of text_lr's grid, its optimum may lie beyond it: the data cannot "
+            "tell) (better: Welch's") in numbers
+    # a loser that is surely worse with its rate inside the grid stays a failure, an edge elsewhere or not
+    close = {**BETTER, ("deepnorm", 18): (2.05, 2.06, 2.07)}
+    met, _ = final.ends_better("deepnorm", "pre")(evidence(**{
+        f"runs_{final.STUDY}": runs(close), f"runs_{final.TUNING}": tuned(
+            {("deepnorm", 6): interior, ("deepnorm", 18): interior, ("pre", 6): edge, ("pre", 18): edge})}))
+    assert met is False
+    # improving with depth: the shallower depth lost, tuned at its grid's end
+    deeper = {("deepnorm", 6): (2.10, 2.11, 2.12), ("deepnorm", 18): (2.00, 2.01, 2.02)}
+    met, numbers = final.improves_with_depth("deepnorm")(evidence(**{
+        f"runs_{final.STUDY}": runs(deeper), f"runs_{final.TUNING}": tuned(
+            {("deepnorm", 6): edge, ("deepnorm", 18): interior})}))
+    assert met is None and "deepnorm at L6: lr 0.001, the low end of text_lr's grid" in numbers

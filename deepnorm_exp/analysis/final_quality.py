@@ -17,6 +17,10 @@ The rules, fixed before the study's runs (conf/experiment/text_final.yaml says t
 * "Post-LN, where it trains": at the depths where every Post-LN run ended and trained (summary.trained).
 * "DeepNorm keeps improving as the model goes deeper" (figure 6): each deeper depth's mean below the one before,
   by the same test.
+* Tuning further can only lower a loss, so where the side that lost a comparison (the worse mean, or the one
+  not shown below) was tuned at an end of text_lr's grid, its optimum may lie beyond it and that comparison
+  cannot tell (the winner's rate at an end only widens the gap). Added 2026-12-06, before text_final's runs at
+  depth 50; the runs at 6 and 18 had ended, none of their verdicts published (the sweep had not finished).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from .lr_study import capped_losses
 from .page import Page, Study, diagnoses, markdown_table
 
 STUDY = "text_final"
+TUNING = "text_lr"  # where each cell's rate was tuned: its grid's ends
 CONFIDENCE = 0.95  # one-sided: "A is below B"
+Cell = tuple[str, int]  # (norm, depth)
 
 
 def _losses(e: Evidence) -> pd.DataFrame:
@@ -66,11 +72,36 @@ def _said(depth: int, name_a: str, a: pd.Series, name_b: str, b: pd.Series, diff
             + _gap(name_a, name_b, *difference))
 
 
+def _grid_ends(e: Evidence) -> dict[Cell, tuple[float, float]]:
+    """Per cell, the lowest and highest rate text_lr tried there (cells of one rate left out: no end to read)."""
+    tried = capped_losses(e.runs(TUNING)).groupby(["norm", "depth"])["lr"]
+    return {(n, int(d)): (lo, hi) for (n, d), lo, hi, k in zip(tried.min().index, tried.min(), tried.max(),
+                                                               tried.nunique()) if k > 1}
+
+
+def _beyond_grid(ends: dict, losses: pd.DataFrame, cell: Cell, name: str) -> str | None:
+    """Why `cell`'s tuned rate may not be its optimum, or None: it is an end of text_lr's grid there."""
+    rates = losses.loc[(losses["norm"] == cell[0]) & (losses["depth"] == cell[1]), "lr"].unique()
+    if cell not in ends or len(rates) != 1:
+        return None
+    side = next((s for s, end in zip(("low", "high"), ends[cell]) if np.isclose(rates[0], end, rtol=1e-9)), None)
+    return side and (f"{name} at L{cell[1]}: lr {rates[0]:.3g}, the {side} end of {TUNING}'s grid, its optimum may "
+                     "lie beyond it: the data cannot tell")
+
+
+def _verdict(judged: list[tuple[bool, str | None]]) -> bool | None:
+    """Per comparison (shown?, why the loser's tuning may turn it): False where one surely fails, else None where
+    one may turn, else True."""
+    if any(not shown and why is None for shown, why in judged):
+        return False
+    return None if any(why for _, why in judged) else True
+
+
 def ends_better(norm: str, other: str, where_trained: str | None = None):
     """`norm` ends better than `other` at every depth both ran (with two seeds or more each), or only at the
     depths where every run of `where_trained` ended and trained."""
     def check(e: Evidence):
-        losses, runs = _losses(e), e.runs(STUDY)
+        losses, runs, ends = _losses(e), e.runs(STUDY), _grid_ends(e)
         compared, met = [], []
         for depth, at in losses.groupby("depth"):
             a, b = (at.loc[at["norm"] == n, "loss"] for n in (norm, other))
@@ -81,12 +112,14 @@ def ends_better(norm: str, other: str, where_trained: str | None = None):
                 if int(at.loc[at["norm"] == where_trained, "trained"].sum()) < ran:
                     continue
             difference = _difference(a, b)  # (gap, se, t): computed once, said and judged
-            compared.append(_said(int(depth), norm, a, other, b, difference))
-            met.append(_lower(*difference))
+            shown = _lower(*difference)
+            why = _beyond_grid(ends, losses, (other if shown else norm, int(depth)), other if shown else norm)
+            compared.append(_said(int(depth), norm, a, other, b, difference) + (f" ({why})" if why else ""))
+            met.append((shown, why))
         if not compared:
             scope = f" where every {where_trained} run trained" if where_trained else ""
             return None, f"no depth{scope} with two seeds or more of both {norm} and {other}"
-        return all(met), "; ".join(compared) + f" (better: Welch's t-test, one-sided, at {1 - CONFIDENCE:.0%})"
+        return _verdict(met), "; ".join(compared) + f" (better: Welch's t-test, one-sided, at {1 - CONFIDENCE:.0%})"
     return check
 
 
@@ -101,8 +134,13 @@ def improves_with_depth(norm: str):
             return None, f"{norm} needs two seeds or more at two depths"
         steps = [(shallow, deep, *_difference(of[deep], of[shallow])) for shallow, deep in zip(depths, depths[1:])]
         means = ", ".join(f"L{d} {of[d].mean():.3f}" for d in depths)
-        text = "; ".join(_gap(f"L{deep}", f"L{shallow}", gap, se, t) for shallow, deep, gap, se, t in steps)
-        return (all(_lower(gap, se, t) for _, _, gap, se, t in steps),
+        ends, judged = _grid_ends(e), []
+        for shallow, deep, gap, se, t in steps:
+            shown = _lower(gap, se, t)
+            judged.append((shown, _beyond_grid(ends, losses, (norm, shallow if shown else deep), norm)))
+        text = "; ".join(_gap(f"L{deep}", f"L{shallow}", gap, se, t) + (f" ({why})" if why else "")
+                         for (shallow, deep, gap, se, t), (_, why) in zip(steps, judged))
+        return (_verdict(judged),
                 f"{norm}'s mean eval loss {means}; {text} (improving: Welch's t-test, one-sided, at "
                 f"{1 - CONFIDENCE:.0%})" + (f"; left out, under two seeds: {', '.join(f'L{d}' for d in skipped)}"
                                             if skipped else ""))
