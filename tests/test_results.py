@@ -226,6 +226,14 @@ def test_fp16_divergence_is_post_lns_at_the_deepest_depth_against_deepnorms_anyw
     # Post-LN's deepest run crashed: the depth is not gone, the verdict waits (was: "not reproduced" read at L18)
     met, numbers = check(evidence(runs_precision_fp16=runs("failed"), runs_steps_to_train=fp32))
     assert met is None and numbers.startswith("1 run crashed (post-L50-s0)")
+    # not reproduced reads a rate where Post-LN trains in fp32 at the shallower depth: where it trains at no depth
+    # of the study in fp32, its fp16 runs sit on the plateau and say little of what half precision adds
+    plateau = fp32.assign(status="completed", trained=False, trained_at_step=None).where(
+        fp32["norm"] == "post", fp32)
+    met, numbers = check(evidence(runs_precision_fp16=runs("completed"), runs_steps_to_train=plateau))
+    assert met is None and numbers.endswith("(Post-LN trains at no depth of the study in fp32 at this rate: its fp16 "
+                                            "runs cannot show what half precision adds)")
+    assert check(evidence(runs_precision_fp16=runs("completed")))[0] is None  # no fp32 twin at all
 
 
 def test_divergence_timing_and_verdicts():

@@ -200,7 +200,8 @@ PRECISION_STUDY = "precision_fp16"
 def post_diverges_in_fp16(e: Evidence):
     """Divergence in the paper's sense (the divergence rule stopped the run) under fp16 with loss scaling: Post-LN's
     runs at the deepest depth against DeepNorm's at every depth; the same cells in fp32 (steps_to_train at the same
-    rate) are shown beside, never judged."""
+    rate) are shown beside. No Post-LN divergence reads "not reproduced" only where Post-LN trains in fp32 at a
+    depth of the study at that rate: runs that never leave the plateau cannot show what half precision adds."""
     if why := steps_to_train.unreadable(e.runs(PRECISION_STUDY)):
         return None, why
     ran = steps_to_train.run_outcomes(e.runs(PRECISION_STUDY))
@@ -220,6 +221,9 @@ def post_diverges_in_fp16(e: Evidence):
         return None, text
     deepest = post["depth"].max()
     if not post.loc[post["depth"] == deepest, "ended"].eq("diverged").any():
+        if not fp32[fp32["norm"] == "post"]["ended"].eq("trained").any():  # added 2026-12-06, after the runs
+            return None, text + (" (Post-LN trains at no depth of the study in fp32 at this rate: its fp16 runs "
+                                 "cannot show what half precision adds)")
         return False, text
     return (None if deepnorm["ended"].eq("diverged").any() else True), text
 
@@ -328,7 +332,9 @@ CLAIMS = [
     Claim("In mixed precision, as the paper trained, Post-LN diverges with depth.", PRECISION_STUDY,
           "fp16 with dynamic loss scaling, steps_to_train's protocol at 1e-3, depths 18 and 50, two seeds: a Post-LN "
           "run diverges (the divergence rule stopped it) at the deeper depth while no DeepNorm run diverges (not "
-          "reproduced: no Post-LN run diverges; not testable: DeepNorm diverges too)", post_diverges_in_fp16),
+          "reproduced: no Post-LN run diverges, at a rate where Post-LN trains in fp32 at a depth of the study; not "
+          "testable: DeepNorm diverges too, or Post-LN trains at neither depth in fp32 at this rate, a reading added "
+          "after the runs: its runs on the plateau cannot show what half precision adds)", post_diverges_in_fp16),
     Claim("Divergence happens early in training (why the paper's depth sweep trained only 8,000 steps).",
           "paper_depth_sweep", "at least 3/4 of the diverged runs of the two depth sweeps diverged in the first "
           "third of their steps", divergence_is_early),
