@@ -245,3 +245,17 @@ def test_figure_4a_warmup_and_init_read_the_windows_mean_not_its_last_step():
     scalars.loc[last, "model_update"] = 8.9  # Post-LN's: 8.0 and 8.08, both below the bound 9.05
     met, numbers = early.warmup_and_init_hold_post_back(e)
     assert met is True and numbers.startswith(f"mean model update over the first {early.WINDOW} steps at L18")
+
+
+def test_a_reversal_decided_at_the_ceiling_cannot_tell():
+    """Post-LN without warm-up at 7.0 and 9.2, Post-LN-init at 9.3 and 9.4 (bound 0.8 sqrt(128) = 9.05): kept
+    (7.0 is under the bound), but the reversal turns on 9.2 against 9.3, both over it (a review's finding)."""
+    def capped(norm, depth, warm):
+        return {("post", False): (7.0, 9.2), ("post_init", False): (9.3, 9.4)}.get((norm, warm),
+                                                                                  update(norm, depth, warm))
+    met, numbers = early.warmup_and_init_hold_post_back(records(update=capped))
+    assert met is None and "Post-LN-init without 9.3/9.4" in numbers
+    def below(norm, depth, warm):
+        return {("post", False): (3.0, 3.2), ("post_init", False): (4.0, 4.1)}.get((norm, warm),
+                                                                                  update(norm, depth, warm))
+    assert early.warmup_and_init_hold_post_back(records(update=below))[0] is False  # under the ceiling

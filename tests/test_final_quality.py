@@ -24,7 +24,10 @@ def runs(loss: dict, trained: dict | None = None, diverged: tuple = ()) -> pd.Da
 
 
 def judged(check, frame):
-    return check(evidence(**{f"runs_{final.STUDY}": frame}))
+    """text_final's runs judged with text_lr's grid placing each cell's rate inside it."""
+    cells = {(norm, depth) for norm, depth in zip(frame["norm"], frame["depth"])}
+    return check(evidence(**{f"runs_{final.STUDY}": frame,
+                             f"runs_{final.TUNING}": tuned({cell: (3e-4, 1e-3, 3e-3) for cell in cells})}))
 
 
 BETTER = {("deepnorm", 6): (2.00, 2.01, 2.02), ("pre", 6): (2.10, 2.11, 2.12),
@@ -127,3 +130,13 @@ def test_a_verdict_that_a_loser_tuned_at_its_grids_end_could_turn_cannot_tell():
         f"runs_{final.STUDY}": runs(deeper), f"runs_{final.TUNING}": tuned(
             {("deepnorm", 6): edge, ("deepnorm", 18): interior})}))
     assert met is None and "deepnorm at L6: lr 0.001, the low end of text_lr's grid" in numbers
+
+
+def test_a_loser_whose_tuning_grid_cannot_be_read_cannot_tell():
+    """No text_lr records (or one rate of them ended): the rule cannot place the loser's rate, so it cannot say
+    the verdict would not turn (a review: it read such a cell as tuned inside its grid)."""
+    met, numbers = final.ends_better("deepnorm", "pre")(evidence(**{f"runs_{final.STUDY}": runs(BETTER)}))
+    assert met is None and "pre at L6: no grid of text_lr's with more than one rate" in numbers
+    one_rate = tuned({("deepnorm", 6): (1e-3,), ("pre", 6): (1e-3,), ("deepnorm", 18): (1e-3,), ("pre", 18): (1e-3,)})
+    assert final.ends_better("deepnorm", "pre")(evidence(**{f"runs_{final.STUDY}": runs(BETTER),
+                                                            f"runs_{final.TUNING}": one_rate}))[0] is None

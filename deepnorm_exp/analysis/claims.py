@@ -200,8 +200,8 @@ PRECISION_STUDY = "precision_fp16"
 def post_diverges_in_fp16(e: Evidence):
     """Divergence in the paper's sense (the divergence rule stopped the run) under fp16 with loss scaling: Post-LN's
     runs at the deepest depth against DeepNorm's at every depth; the same cells in fp32 (steps_to_train at the same
-    rate) are shown beside. No Post-LN divergence reads "not reproduced" only where Post-LN trains in fp32 at a
-    depth of the study at that rate: runs that never leave the plateau cannot show what half precision adds."""
+    rate) are shown beside. No Post-LN divergence reads "not reproduced" only where Post-LN trains in fp32 at the
+    deepest depth at that rate: runs that never leave the plateau cannot show what half precision adds."""
     if why := steps_to_train.unreadable(e.runs(PRECISION_STUDY)):
         return None, why
     ran = steps_to_train.run_outcomes(e.runs(PRECISION_STUDY))
@@ -221,9 +221,10 @@ def post_diverges_in_fp16(e: Evidence):
         return None, text
     deepest = post["depth"].max()
     if not post.loc[post["depth"] == deepest, "ended"].eq("diverged").any():
-        if not fp32[fp32["norm"] == "post"]["ended"].eq("trained").any():  # added 2026-12-06, after the runs
-            return None, text + (" (Post-LN trains at no depth of the study in fp32 at this rate: its fp16 runs "
-                                 "cannot show what half precision adds)")
+        twin = fp32[(fp32["norm"] == "post") & (fp32["depth"] == deepest)]  # added 2026-12-06, after the runs
+        if not twin["ended"].eq("trained").any():
+            return None, text + (f" (Post-LN trains at L{deepest} in fp32 at no seed at this rate: its fp16 runs "
+                                 "there cannot show what half precision adds)")
         return False, text
     return (None if deepnorm["ended"].eq("diverged").any() else True), text
 
@@ -316,7 +317,7 @@ CLAIMS = [
           early.post_gradient_vanishes),
     Claim("Pre-LN's bottom layers get larger gradients than its top layers (section 5).", early.STUDY,
           "100L-100L with warm-up, the decoder at the window's end: bottom-10% over top-10% layers' gradient "
-          "norm above 1 for every Pre-LN seed (below 1 for every seed: not reproduced; else the data cannot tell)",
+          "norm above 1 for every Pre-LN seed (at most 1 for every seed: not reproduced; else the data cannot tell)",
           early.pre_bottom_gradients_larger),
     Claim("DeepNorm widens the stable region: Post-LN's largest stable learning rate falls with depth, "
           "DeepNorm's much less.", "frontier_depth",
@@ -332,9 +333,10 @@ CLAIMS = [
     Claim("In mixed precision, as the paper trained, Post-LN diverges with depth.", PRECISION_STUDY,
           "fp16 with dynamic loss scaling, steps_to_train's protocol at 1e-3, depths 18 and 50, two seeds: a Post-LN "
           "run diverges (the divergence rule stopped it) at the deeper depth while no DeepNorm run diverges (not "
-          "reproduced: no Post-LN run diverges, at a rate where Post-LN trains in fp32 at a depth of the study; not "
-          "testable: DeepNorm diverges too, or Post-LN trains at neither depth in fp32 at this rate, a reading added "
-          "after the runs: its runs on the plateau cannot show what half precision adds)", post_diverges_in_fp16),
+          "reproduced: no Post-LN run diverges, at a rate where Post-LN trains in fp32 at the deeper depth; not "
+          "testable: DeepNorm diverges too, or no fp32 Post-LN seed trains at the deeper depth at this rate, a "
+          "reading added after the runs: runs on the plateau cannot show what half precision adds)",
+          post_diverges_in_fp16),
     Claim("Divergence happens early in training (why the paper's depth sweep trained only 8,000 steps).",
           "paper_depth_sweep", "at least 3/4 of the diverged runs of the two depth sweeps diverged in the first "
           "third of their steps", divergence_is_early),
@@ -365,7 +367,7 @@ PAPER_SETTINGS = {
         "converged Post-LN models\"",
     "The same holds for encoder-decoder": _WMT + " (the paper's models are all encoder-decoders)",
     "... and DeepNorm trains at every depth (encoder-decoder)": "IWSLT-14 (figure 6): 10L-10L to 100L-100L, 8,000 "
-        "steps, over 30 BLEU, \"stable from shallow to deep\" (its gain with depth is the next claims' question, "
+        "steps, over 30 BLEU, \"stable from shallow to deep\" (its gain with depth: \"DeepNorm keeps improving\", "
         "judged on real text)",
     "DeepNorm's model update is much smaller": "64-128-2 encoder-decoders, 6L-6L to 100L-100L, IWSLT-14, early "
         "training (figure 5): \"much smaller and more stable updates than Post-LN\"",

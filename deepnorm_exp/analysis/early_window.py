@@ -133,10 +133,15 @@ def _above(a: pd.Series, b: pd.Series) -> bool:
     return bool(len(a) and len(b) and a.min() > b.max())
 
 
-def _ordered(a: pd.Series, b: pd.Series) -> Optional[bool]:
+def _ordered(a: pd.Series, b: pd.Series, bound: float = np.inf) -> Optional[bool]:
     """Every seed of `a` above every seed of `b`: True; every seed of `b` above every seed of `a`: False; the
-    seeds' ranges overlap: None (the data cannot tell)."""
-    return True if _above(a, b) else False if _above(b, a) else None
+    seeds' ranges overlap: None (the data cannot tell). An ordering whose two deciding values (the nearest seeds
+    of the two sides) both reach `bound` is the ceiling's, not the schemes': None."""
+    if _above(a, b):
+        return True if min(a.min(), b.max()) < bound else None
+    if _above(b, a):
+        return False if min(b.min(), a.max()) < bound else None
+    return None
 
 
 def _all(orders: list[Optional[bool]]) -> Optional[bool]:
@@ -168,7 +173,7 @@ def post_update_larger_than_deepnorms(e: Evidence):
     readable = [d for d in depths if min(upd["post", d, True].min(), upd["deepnorm", d, True].max()) < bound]
     if not readable:
         return None, text + f" (every depth saturated: over {SATURATED} sqrt(2 d))"
-    met = _all([_ordered(upd["post", d, True], upd["deepnorm", d, True]) for d in readable])
+    met = _all([_ordered(upd["post", d, True], upd["deepnorm", d, True], bound) for d in readable])
     return met, text + (OVERLAP if met is None else "")
 
 
@@ -221,8 +226,8 @@ def _compare(values: Values, what: str, against: list[tuple[str, bool]], above: 
     if not kept:
         return None, text + f" (saturated on both sides: over {SATURATED} sqrt(2 d))"
     left_out = len(cells) - len(kept)
-    met = _all([_ordered(post, values[n, FIG4_DEPTH, w]) if above else _ordered(values[n, FIG4_DEPTH, w], post)
-                for n, w in kept])
+    met = _all([_ordered(post, values[n, FIG4_DEPTH, w], bound) if above
+                else _ordered(values[n, FIG4_DEPTH, w], post, bound) for n, w in kept])
     return met, text + (f" ({left_out} comparison(s) saturated on both sides, left out)" if left_out else "") + (
         OVERLAP if met is None else "")
 
@@ -306,6 +311,6 @@ def early_section(page: Page, evidence: Evidence, name: str) -> None:
 
 EARLY_UPDATE = Study(STUDY, "The first steps at the paper's shape (its figures 4 and 5)",
                      "64-128-2 encoder-decoders at 6L-6L to 100L-100L, Post-LN, Post-LN-init, DeepNorm and Pre-LN, with "
-                     "the paper's 4k warm-up and without, two seeds, the first 30 steps at peak rate 5e-4, every scalar "
+                     "the paper's 4k warm-up and without, four seeds, the first 30 steps at peak rate 5e-4, every scalar "
                      "every step, per-layer vectors every 5 (the rules: deepnorm_exp/analysis/early_window.py).",
                      early_section)

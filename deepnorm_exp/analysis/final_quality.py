@@ -17,9 +17,9 @@ The rules, fixed before the study's runs (conf/experiment/text_final.yaml says t
 * "Post-LN, where it trains": at the depths where every Post-LN run ended and trained (summary.trained).
 * "DeepNorm keeps improving as the model goes deeper" (figure 6): each deeper depth's mean below the one before,
   by the same test.
-* Tuning further can only lower a loss, so where the side that lost a comparison (the worse mean, or the one
-  not shown below) was tuned at an end of text_lr's grid, its optimum may lie beyond it and that comparison
-  cannot tell (the winner's rate at an end only widens the gap). Added 2026-12-06, before text_final's runs at
+* Tuning further can only lower a loss, so where the side that lost a comparison (the one not shown below the
+  other) was tuned at an end of text_lr's grid, or where that grid cannot be read, its optimum may lie beyond
+  it and that comparison cannot tell (the winner's rate at an end only widens the gap). Added 2026-12-06, before text_final's runs at
   depth 50; the runs at 6 and 18 had ended, none of their verdicts published (the sweep had not finished).
 """
 
@@ -73,8 +73,8 @@ def _said(depth: int, name_a: str, a: pd.Series, name_b: str, b: pd.Series, diff
 
 
 def _grid_ends(e: Evidence) -> dict[Cell, tuple[float, float]]:
-    """Per cell, the lowest and highest rate text_lr tried there (cells of one rate left out: no end to read)."""
-    tried = capped_losses(e.runs(TUNING)).groupby(["norm", "depth"])["lr"]
+    """Per cell, the lowest and highest rate text_lr tried there and ended (a cell of one rate has no inside)."""
+    tried = capped_losses(e.runs(TUNING)).dropna(subset=["lr"]).groupby(["norm", "depth"])["lr"]
     return {(n, int(d)): (lo, hi) for (n, d), lo, hi, k in zip(tried.min().index, tried.min(), tried.max(),
                                                                tried.nunique()) if k > 1}
 
@@ -83,7 +83,8 @@ def _beyond_grid(ends: dict, losses: pd.DataFrame, cell: Cell, name: str) -> str
     """Why `cell`'s tuned rate may not be its optimum, or None: it is an end of text_lr's grid there."""
     rates = losses.loc[(losses["norm"] == cell[0]) & (losses["depth"] == cell[1]), "lr"].unique()
     if cell not in ends or len(rates) != 1:
-        return None
+        return (f"{name} at L{cell[1]}: no grid of {TUNING}'s with more than one rate to place its rate in, its "
+                "optimum may lie beyond it: the data cannot tell")
     side = next((s for s, end in zip(("low", "high"), ends[cell]) if np.isclose(rates[0], end, rtol=1e-9)), None)
     return side and (f"{name} at L{cell[1]}: lr {rates[0]:.3g}, the {side} end of {TUNING}'s grid, its optimum may "
                      "lie beyond it: the data cannot tell")

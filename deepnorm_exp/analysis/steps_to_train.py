@@ -259,12 +259,14 @@ def steps_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
 
 
 DECODER = Study("steps_to_train", "Slow or unstable: steps to train against depth",
-                "Post-LN, Pre-LN and DeepNorm at depths 6-100, four rates, two seeds, each run trained until it has "
-                "trained or for 3,000 steps (ten times the other studies' 300); steps-to-train read with censoring "
-                "(the rules: deepnorm_exp/analysis/steps_to_train.py).", steps_section, dashboard=steps_dashboard)
+                "Post-LN, Pre-LN and DeepNorm at depths 6-100, rates 3e-4 to 1e-2 (the first 96 runs) and 1e-4 "
+                "(added after them), two seeds, each run trained until it has trained or for 3,000 steps (ten times "
+                "the other studies' 300); steps-to-train read with censoring (the rules: "
+                "deepnorm_exp/analysis/steps_to_train.py).", steps_section, dashboard=steps_dashboard)
 ENCDEC = Study("steps_to_train_encdec", "Slow or unstable, encoder-decoder",
                "The same on N-N encoder-decoders and the synthetic translation task, N = 6, 24, 100, rates 1e-3 and "
-               "3e-3, two seeds, until trained or 3,000 steps.", steps_section, dashboard=steps_dashboard)
+               "3e-3 (the first 36 runs) and 3e-4 (added after them), two seeds, until trained or 3,000 steps.",
+               steps_section, dashboard=steps_dashboard)
 FP16 = Study("precision_fp16", "Mixed precision, as the paper trained",
              "Post-LN and DeepNorm at depths 18 and 50 in fp16 with dynamic loss scaling, lr 1e-3, two seeds, "
              "steps_to_train's protocol (until trained or 3,000 steps).", steps_section, dashboard=steps_dashboard)
