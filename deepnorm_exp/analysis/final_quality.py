@@ -19,8 +19,9 @@ The rules, fixed before the study's runs (conf/experiment/text_final.yaml says t
   by the same test.
 * Tuning further can only lower a loss, so where the side that lost a comparison (the one not shown below the
   other) was tuned at an end of text_lr's grid, or where that grid cannot be read, its optimum may lie beyond
-  it and that comparison cannot tell (the winner's rate at an end only widens the gap). Added 2026-12-06, before text_final's runs at
-  depth 50; the runs at 6 and 18 had ended, none of their verdicts published (the sweep had not finished).
+  it and that comparison cannot tell (the winner's rate at an end only widens the gap). Added 2026-12-06,
+  before text_final's runs at depth 50; the runs at 6 and 18 had ended, none of their verdicts published (the
+  sweep had not finished).
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def _said(depth: int, name_a: str, a: pd.Series, name_b: str, b: pd.Series, diff
 def _grid_ends(e: Evidence) -> dict[Cell, tuple[float, float]]:
     """Per cell, the lowest and highest rate text_lr tried there and ended (a cell of one rate has no inside)."""
     tried = capped_losses(e.runs(TUNING)).dropna(subset=["lr"]).groupby(["norm", "depth"])["lr"]
-    return {(n, int(d)): (lo, hi) for (n, d), lo, hi, k in zip(tried.min().index, tried.min(), tried.max(),
-                                                               tried.nunique()) if k > 1}
+    return {(n, int(d)): (row["min"], row["max"]) for (n, d), row in tried.agg(["min", "max", "nunique"]).iterrows()
+            if row["nunique"] > 1}
 
 
 def _beyond_grid(ends: dict, losses: pd.DataFrame, cell: Cell, name: str) -> str | None:
@@ -114,7 +115,8 @@ def ends_better(norm: str, other: str, where_trained: str | None = None):
                     continue
             difference = _difference(a, b)  # (gap, se, t): computed once, said and judged
             shown = _lower(*difference)
-            why = _beyond_grid(ends, losses, (other if shown else norm, int(depth)), other if shown else norm)
+            loser = other if shown else norm
+            why = _beyond_grid(ends, losses, (loser, int(depth)), loser)
             compared.append(_said(int(depth), norm, a, other, b, difference) + (f" ({why})" if why else ""))
             met.append((shown, why))
         if not compared:

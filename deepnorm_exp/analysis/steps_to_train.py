@@ -24,9 +24,10 @@ the deepest; not reproduced when Post-LN trains at every depth (then the numbers
 not testable when no other scheme trains early at the deepest depth (the budget, not the scheme, decides),
 when Post-LN fails at the shallowest depth too, or when the rates tried at the deepest depth reach no lower than
 its best rate at the nearest shallower depth where it trained (`below_its_range`, added after the study's first
-96 runs: a deeper model takes a lower rate, and Post-LN's only rate that trained at L18 was the grid's lowest). "DeepNorm trains at every depth": every DeepNorm seed at its
-best rate trained within the budget at every depth. Records these rules cannot read (`unreadable`: a crashed run,
-runs of two budgets) make every claim that reads them "the data cannot tell", saying why.
+96 runs: a deeper model takes a lower rate, and Post-LN's only rate that trained at L18 was the grid's lowest).
+"DeepNorm trains at every depth": every DeepNorm seed at its best rate trained within the budget at every
+depth. Records these rules cannot read (`unreadable`: a crashed run, runs of two budgets) make every claim that
+reads them "the data cannot tell", saying why.
 """
 
 from __future__ import annotations
