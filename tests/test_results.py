@@ -8,6 +8,7 @@ import yaml
 import pytest
 
 from deepnorm_exp.analysis import claims
+from deepnorm_exp.analysis.cannot_tell import CANNOT_TELL
 from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_REPRODUCED, UNFINISHED, Evidence
 from deepnorm_exp.analysis.blocks import update_blocks
 from deepnorm_exp.analysis.page import markdown_table
@@ -48,11 +49,11 @@ def test_frontier_claim_reads_the_brackets():
                                       "0.694x to 1.44x; fitted slopes of log lr on log depth: deepnorm 0.00")
     # Both flat: the ranges overlap, so the data cannot tell (a midpoint is not evidence of a fall)
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(0.0)))
-    assert met is None and numbers.endswith("(the ranges overlap: the data cannot tell which fell more)")
+    assert met is CANNOT_TELL and numbers.endswith("(the ranges overlap: the data cannot tell which fell more)")
     # DeepNorm stable at lr_max at its shallowest depth: how far it fell has no bound
     open_top = frontier(-1.0)
     open_top.loc[(open_top.norm == "deepnorm") & (open_top.depth == "6"), "min_unstable_lr"] = None
-    assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=open_top))[0] is None
+    assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=open_top))[0] is CANNOT_TELL
     # DeepNorm surely fell more than Post-LN can have: not reproduced, whatever the midpoints
     assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frontier(1.0)))[0] is False
 
@@ -82,7 +83,7 @@ def test_a_cell_below_the_range_is_no_frontier_and_is_read_at_the_long_budget():
                         for s, status, kind in ((0, "completed", "stuck_on_plateau"), (1, "diverged", "loss_blow_up"))])
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=below_at_deep_post(),
                                                                  runs_steps_to_train=ran))
-    assert met is None and numbers.startswith("Post-LN's frontier fell from L6 to L24 by 0.916x to 1.9x; "
+    assert met is CANNOT_TELL and numbers.startswith("Post-LN's frontier fell from L6 to L24 by 0.916x to 1.9x; "
                                               "DeepNorm's by 0.694x to 1.44x")
     assert "(the ranges overlap: the data cannot tell which fell more); no frontier" in numbers
     assert numbers.endswith(
@@ -137,9 +138,9 @@ def test_frontier_claim_cannot_decide_on_a_tie():
     rounded = {0: 0.001, 1: 0.00204, 2: 0.00416, 3: 0.00848}
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frame(rounded.get)))
     assert "by 4.16x to 17x" in numbers and "DeepNorm's by 1x to 4.16x" in numbers
-    assert met is None and numbers.endswith("(the ranges' ends tie, within 1%: the data cannot tell which fell more)")
+    assert met is CANNOT_TELL and numbers.endswith("(the ranges' ends tie, within 1%: the data cannot tell which fell more)")
     exact = frame(lambda k: 0.001 * 300 ** (k / 8))  # the brackets exact bisection gives: the same verdict
-    assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=exact))[0] is None
+    assert claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=exact))[0] is CANNOT_TELL
     # the same falls, Post-LN's ahead by more than the tie: reproduced
     ahead = frame(rounded.get)
     ahead.loc[(ahead.norm == "post") & (ahead.depth == "100"), "min_unstable_lr"] = 0.0009
@@ -161,7 +162,7 @@ def test_frontier_claim_bounds_each_fall_by_the_seeds_extremes():
                      *[("deepnorm", d, s, 0.01, 0.02) for d in (6, 100) for s in (0, 1)])
     met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frame))
     assert "Post-LN's frontier fell from L6 to L100 by 0.2x to 20x; DeepNorm's by 0.5x to 2x" in numbers
-    assert met is None and numbers.endswith("(the ranges overlap: the data cannot tell which fell more)")
+    assert met is CANNOT_TELL and numbers.endswith("(the ranges overlap: the data cannot tell which fell more)")
 
 
 def test_frontier_claim_compares_the_falls_over_the_depths_both_schemes_have():

@@ -5,10 +5,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from deepnorm_exp.analysis import claims
+from deepnorm_exp.analysis.cannot_tell import CANNOT_TELL
 from deepnorm_exp.lifecycle.run import run_experiment
 from deepnorm_exp.train.callbacks import TrainedAt
 
 from conftest import config
+from test_results import evidence
 
 
 class Steps:
@@ -114,14 +117,26 @@ def test_post_ln_failing_where_its_grid_stops_at_its_shallower_best_rate_cannot_
     runs = study(post_deep=NEVER)
     no_lower = runs[~((runs.norm == "post") & (runs.depth == 100) & (runs["train.lr"] == 3e-4))]
     met, numbers = post_unstable_with_depth(no_lower)
-    assert met is None and numbers.endswith(
+    assert met is CANNOT_TELL and numbers.endswith(
         "(Post-LN trained at no rate at L100, but the lowest rate tried there (0.001) is no lower than its best "
-        "rate at L6 (0.001): a lower rate may train)")
+        "rate at L6 (0.001): a lower rate may train: the data cannot tell)")
     trained_at_the_lower = runs.copy()
     trained_at_the_lower.loc[(runs.norm == "post") & (runs.depth == 6) & (runs["train.lr"] == 1e-3),
                              "train.lr"] = 3e-4  # L6's best is now the lowest rate L100 tried
-    assert post_unstable_with_depth(trained_at_the_lower)[0] is None
+    assert post_unstable_with_depth(trained_at_the_lower)[0] is CANNOT_TELL
     assert post_unstable_with_depth(runs)[0] is True  # L100 tried 3e-4, below L6's best
+
+
+def test_post_ln_failing_at_a_depth_between_and_training_at_the_deepest_cannot_tell():
+    """Not testable would say the study cannot test the claim; here it did, and its depths disagree."""
+    from deepnorm_exp.analysis.steps_to_train import post_unstable_with_depth
+
+    runs = pd.concat([study(post_deep=LATE), runs_frame([("post", 50, 1e-3, NEVER), ("post", 50, 3e-4, NEVER)])])
+    met, numbers = post_unstable_with_depth(runs)
+    assert met is CANNOT_TELL and numbers.endswith("(Post-LN fails at a depth between, not at the deepest: the data "
+                                                   "cannot tell)")
+    claim = claims.Claim("", "steps_to_train", "", lambda e: post_unstable_with_depth(e.runs("steps_to_train")))
+    assert claim.judge(evidence(runs_steps_to_train=runs)).outcome == claims.UNDECIDED == "the data cannot tell"
 
 
 def test_post_ln_failing_at_the_shallowest_depth_too_is_not_a_depth_effect():

@@ -17,20 +17,20 @@ one figure's quantity in its setting:
 
 A comparison "A above B" holds when every seed of A is above every seed of B: the seeds' ranges do not overlap
 (a chance ordering has probability 1/6 with two seeds each, 1/70 with four); it fails only when every seed of B
-is above every seed of A, and where the ranges overlap the data cannot tell (None; until 2026-12-06 an overlap
-read as false, where the frontier's rule already read it as "cannot tell"). Where both sides of a comparison of updates lie
-at the saturation (SATURATED sqrt(2 d): as far as unrelated LayerNorm outputs lie apart) the comparison is
-left out; none left: not testable. Each check returns (met?, the numbers it read); claims.py lists them.
+is above every seed of A, and where the ranges overlap the data cannot tell (CANNOT_TELL; until 2026-12-06 an
+overlap read as false, where the frontier's rule already read it as "cannot tell"). Where both sides of a
+comparison of updates lie at the saturation (SATURATED sqrt(2 d): as far as unrelated LayerNorm outputs lie
+apart) the comparison is left out; none left: not testable (None). Each check returns (met?, the numbers it
+read); claims.py lists them.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from . import plots
+from .cannot_tell import CANNOT_TELL, Met, every
 from .evidence import Evidence
 from .page import Page, Study, markdown_table
 from .runs import config_by_run
@@ -133,23 +133,24 @@ def _above(a: pd.Series, b: pd.Series) -> bool:
     return bool(len(a) and len(b) and a.min() > b.max())
 
 
-def _ordered(a: pd.Series, b: pd.Series, bound: float = np.inf) -> Optional[bool]:
+def _ordered(a: pd.Series, b: pd.Series, bound: float = np.inf) -> Met:
     """Every seed of `a` above every seed of `b`: True; every seed of `b` above every seed of `a`: False; the
-    seeds' ranges overlap: None (the data cannot tell). An ordering whose two deciding values (the nearest seeds
-    of the two sides) both reach `bound` is the ceiling's, not the schemes': None."""
+    seeds' ranges overlap: CANNOT_TELL. An ordering whose two deciding values (the nearest seeds of the two
+    sides) both reach `bound` is the ceiling's, not the schemes': None (not testable)."""
     if _above(a, b):
         return True if min(a.min(), b.max()) < bound else None
     if _above(b, a):
         return False if min(b.min(), a.max()) < bound else None
-    return None
-
-
-def _all(orders: list[Optional[bool]]) -> Optional[bool]:
-    """Every comparison holds: True; one surely fails: False; else None."""
-    return False if False in orders else True if all(orders) else None
+    return CANNOT_TELL
 
 
 OVERLAP = " (the seeds' ranges overlap: the data cannot tell)"
+CEILING = f" (an ordering turns on two values over {SATURATED} sqrt(2 d), the ceiling's, not the schemes')"
+
+
+def _why(met: Met) -> str:
+    """What the numbers cannot say, where they cannot."""
+    return OVERLAP if met is CANNOT_TELL else CEILING if met is None else ""
 
 
 def _depths(values: Values, warm: bool, *norms: str) -> list[int]:
@@ -173,8 +174,8 @@ def post_update_larger_than_deepnorms(e: Evidence):
     readable = [d for d in depths if min(upd["post", d, True].min(), upd["deepnorm", d, True].max()) < bound]
     if not readable:
         return None, text + f" (every depth saturated: over {SATURATED} sqrt(2 d))"
-    met = _all([_ordered(upd["post", d, True], upd["deepnorm", d, True], bound) for d in readable])
-    return met, text + (OVERLAP if met is None else "")
+    met = every([_ordered(upd["post", d, True], upd["deepnorm", d, True], bound) for d in readable])
+    return met, text + _why(met)
 
 
 def _growth(upd: Values, norm: str, shallow: int, deep: int) -> tuple[float, float]:
@@ -196,10 +197,10 @@ def deepnorm_update_flat_with_depth(e: Evidence):
     (post_low, post_high), (dn_low, dn_high) = _growth(upd, "post", shallow, deep), _growth(upd, "deepnorm", shallow, deep)
     text = (f"mean model update over the first {WINDOW} steps with warm-up, L{deep} over L{shallow} (the seeds' "
             f"extremes, unpaired): Post-LN {post_low:.3g}x to {post_high:.3g}x, DeepNorm {dn_low:.3g}x to {dn_high:.3g}x")
-    met = True if post_low > dn_high else False if post_high < dn_low else None
-    if not met and upd["post", deep, True].max() >= bound:
+    met = True if post_low > dn_high else False if post_high < dn_low else CANNOT_TELL
+    if met is not True and upd["post", deep, True].max() >= bound:
         return None, text + f" (Post-LN saturated at L{deep}: over {SATURATED} sqrt(2 d), its growth capped)"
-    return met, text + (OVERLAP if met is None else "")
+    return met, text + (OVERLAP if met is CANNOT_TELL else "")
 
 
 # -- figure 4, at 18L-18L: Post-LN without warm-up against its two remedies ---------------------------------
@@ -226,10 +227,10 @@ def _compare(values: Values, what: str, against: list[tuple[str, bool]], above: 
     if not kept:
         return None, text + f" (saturated on both sides: over {SATURATED} sqrt(2 d))"
     left_out = len(cells) - len(kept)
-    met = _all([_ordered(post, values[n, FIG4_DEPTH, w], bound) if above
+    met = every([_ordered(post, values[n, FIG4_DEPTH, w], bound) if above
                 else _ordered(values[n, FIG4_DEPTH, w], post, bound) for n, w in kept])
     return met, text + (f" ({left_out} comparison(s) saturated on both sides, left out)" if left_out else "") + (
-        OVERLAP if met is None else "")
+        _why(met))
 
 
 REMEDIES = [("post", True), ("post_init", False)]  # warm-up; a better init (same schedule)
@@ -278,8 +279,8 @@ def pre_bottom_gradients_larger(e: Evidence):
     text = ("decoder bottom-10% over top-10% layers' gradient norm at the window's end, Pre-LN with warm-up "
             "(per seed): " + "; ".join(f"L{d} {_seeds(ratio['pre', d, True])}" for d in depths))
     deepest = ratio["pre", depths[-1], True]
-    met = True if deepest.min() > 1 else False if deepest.max() <= 1 else None
-    return met, text + (" (its seeds lie on both sides of 1: the data cannot tell)" if met is None else "")
+    met = True if deepest.min() > 1 else False if deepest.max() <= 1 else CANNOT_TELL
+    return met, text + (" (its seeds lie on both sides of 1: the data cannot tell)" if met is CANNOT_TELL else "")
 
 
 

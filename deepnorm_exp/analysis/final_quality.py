@@ -12,8 +12,10 @@ The rules, fixed before the study's runs (conf/experiment/text_final.yaml says t
 * "A ends better than B at a depth": A's mean loss is below B's by more than t standard errors of the difference
   of the means, SE = sqrt(s_A^2 / n_A + s_B^2 / n_B) (s the seeds' standard deviation), t Student's quantile at
   CONFIDENCE (one-sided) on Welch's degrees of freedom: Welch's t-test at 5%. With three seeds a side t is
-  2.1-2.9 (2 SE alone would be a 6-9% test). A difference within that cannot tell them apart. A claim over
-  depths holds when it holds at every depth judged.
+  2.1-2.9 (2 SE alone would be a 6-9% test). A difference within that cannot tell them apart (CANNOT_TELL, as
+  conf/experiment/text_final.yaml states; until 2026-12-06, before the runs at depth 50 and before any verdict
+  of the study was published, the code read it as "not reproduced"). A claim over depths holds when it holds at
+  every depth judged, and is not reproduced where B is shown below A at a depth.
 * "Post-LN, where it trains": at the depths where every Post-LN run ended and trained (summary.trained).
 * "DeepNorm keeps improving as the model goes deeper" (figure 6): each deeper depth's mean below the one before,
   by the same test.
@@ -30,6 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from .cannot_tell import CANNOT_TELL, Met
 from .evidence import Evidence
 from .lr_study import capped_losses
 from .page import Page, Study, diagnoses, markdown_table
@@ -62,6 +65,11 @@ def _lower(gap: float, se: float, t: float) -> bool:
     return gap > t * se if se > 0 else gap > 0
 
 
+def _order(gap: float, se: float, t: float) -> Met:
+    """A below B by the test (gap = mean B - mean A): True; B below A: False; neither: CANNOT_TELL."""
+    return True if _lower(gap, se, t) else False if _lower(-gap, se, t) else CANNOT_TELL
+
+
 def _gap(name_a: str, name_b: str, gap: float, se: float, t: float) -> str:
     """How far A is below B (gap = mean B - mean A), said with its sign in words: "above by" when A is higher."""
     side = "below" if gap >= 0 else "above"
@@ -91,12 +99,20 @@ def _beyond_grid(ends: dict, losses: pd.DataFrame, cell: Cell, name: str) -> str
                      "lie beyond it: the data cannot tell")
 
 
-def _verdict(judged: list[tuple[bool, str | None]]) -> bool | None:
-    """Per comparison (shown?, why the loser's tuning may turn it): False where one surely fails, else None where
-    one may turn, else True."""
-    if any(not shown and why is None for shown, why in judged):
+def _verdict(judged: list[tuple[Met, str | None]]) -> Met:
+    """Per comparison (its order, why the loser's tuning may turn it): False where the reverse is surely shown,
+    else True where every comparison is shown and none may turn, else CANNOT_TELL."""
+    if any(order is False and why is None for order, why in judged):
         return False
-    return None if any(why for _, why in judged) else True
+    return True if all(order is True and why is None for order, why in judged) else CANNOT_TELL
+
+
+def _loser(order: Met, a: Cell, b: Cell) -> Cell | None:
+    """The side an order shows above the other (None where it shows neither)."""
+    return None if order is CANNOT_TELL else b if order else a
+
+
+WITHIN = " (within the test: the data cannot tell)"
 
 
 def ends_better(norm: str, other: str, where_trained: str | None = None):
@@ -114,11 +130,12 @@ def ends_better(norm: str, other: str, where_trained: str | None = None):
                 if int(at.loc[at["norm"] == where_trained, "trained"].sum()) < ran:
                     continue
             difference = _difference(a, b)  # (gap, se, t): computed once, said and judged
-            shown = _lower(*difference)
-            loser = other if shown else norm
-            why = _beyond_grid(ends, losses, (loser, int(depth)), loser)
-            compared.append(_said(int(depth), norm, a, other, b, difference) + (f" ({why})" if why else ""))
-            met.append((shown, why))
+            order = _order(*difference)
+            loser = _loser(order, (norm, int(depth)), (other, int(depth)))
+            why = loser and _beyond_grid(ends, losses, loser, loser[0])
+            compared.append(_said(int(depth), norm, a, other, b, difference)
+                            + (f" ({why})" if why else WITHIN if loser is None else ""))
+            met.append((order, why))
         if not compared:
             scope = f" where every {where_trained} run trained" if where_trained else ""
             return None, f"no depth{scope} with two seeds or more of both {norm} and {other}"
@@ -139,10 +156,12 @@ def improves_with_depth(norm: str):
         means = ", ".join(f"L{d} {of[d].mean():.3f}" for d in depths)
         ends, judged = _grid_ends(e), []
         for shallow, deep, gap, se, t in steps:
-            shown = _lower(gap, se, t)
-            judged.append((shown, _beyond_grid(ends, losses, (norm, shallow if shown else deep), norm)))
-        text = "; ".join(_gap(f"L{deep}", f"L{shallow}", gap, se, t) + (f" ({why})" if why else "")
-                         for (shallow, deep, gap, se, t), (_, why) in zip(steps, judged))
+            order = _order(gap, se, t)
+            loser = _loser(order, (norm, deep), (norm, shallow))
+            judged.append((order, loser and _beyond_grid(ends, losses, loser, norm)))
+        text = "; ".join(_gap(f"L{deep}", f"L{shallow}", gap, se, t)
+                         + (f" ({why})" if why else WITHIN if order is CANNOT_TELL else "")
+                         for (shallow, deep, gap, se, t), (order, why) in zip(steps, judged))
         return (_verdict(judged),
                 f"{norm}'s mean eval loss {means}; {text} (improving: Welch's t-test, one-sided, at "
                 f"{1 - CONFIDENCE:.0%})" + (f"; left out, under two seeds: {', '.join(f'L{d}' for d in skipped)}"

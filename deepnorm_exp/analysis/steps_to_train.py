@@ -21,13 +21,14 @@ false): a scheme *fails* at a depth when no seed at any rate trained within the 
 when every seed at its best rate trained by SHORT_BUDGET. "Post-LN becomes unstable with depth" is reproduced
 when Post-LN fails at the deepest depth and trains at the shallowest, while Pre-LN or DeepNorm trains early at
 the deepest; not reproduced when Post-LN trains at every depth (then the numbers say how much slower it is);
-not testable when no other scheme trains early at the deepest depth (the budget, not the scheme, decides),
-when Post-LN fails at the shallowest depth too, or when the rates tried at the deepest depth reach no lower than
-its best rate at the nearest shallower depth where it trained (`below_its_range`, added after the study's first
-96 runs: a deeper model takes a lower rate, and Post-LN's only rate that trained at L18 was the grid's lowest).
-"DeepNorm trains at every depth": every DeepNorm seed at its best rate trained within the budget at every
-depth. Records these rules cannot read (`unreadable`: a crashed run, runs of two budgets) make every claim that
-reads them "the data cannot tell", saying why.
+not testable when no other scheme trains early at the deepest depth (the budget, not the scheme, decides)
+or when Post-LN fails at the shallowest depth too; the data cannot tell (cannot_tell.py) when the rates tried at
+the deepest depth reach no lower than its best rate at the nearest shallower depth where it trained
+(`below_its_range`, added after the study's first 96 runs: a deeper model takes a lower rate, and Post-LN's only
+rate that trained at L18 was the grid's lowest), or when Post-LN fails at a depth between and trains at the
+deepest. "DeepNorm trains at every depth": every DeepNorm seed at its best rate trained within the budget at
+every depth. Records these rules cannot read (`unreadable`: a crashed run, runs of two budgets) make every claim
+that reads them not testable, saying why.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from .cannot_tell import CANNOT_TELL, Met
 from .page import Page, Study, charted, markdown_table, unmeasured_note
 from .plots import NORM_NAMES, depth_axis, empty, norm_colors, norms_in
 from .runs import config_column, outcomes
@@ -173,7 +175,7 @@ def describe(best: pd.DataFrame, norm: str) -> str:
     return f"{norm}: " + ", ".join(parts)
 
 
-def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Optional[bool], str]:
+def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Met, str]:
     """The claim's rule (module docstring): fails, slower, or the data cannot tell."""
     if why := unreadable(runs):
         return None, why
@@ -190,12 +192,12 @@ def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Optional[bool], str]:
     if fails(cells, "post", shallowest):
         return None, text + f" (Post-LN fails at L{shallowest} too: not a depth effect)"
     if fails(cells, "post", deepest) and (grid := below_its_range(cells, best, "post", deepest)):
-        return None, text + f" ({grid})"
+        return CANNOT_TELL, text + f" ({grid}: the data cannot tell)"
     if fails(cells, "post", deepest):
         return True, text + f" (Post-LN fails at L{deepest}: no seed at any rate trained)"
     if all(not fails(cells, "post", depth) for depth in depths):
         return False, text + " (Post-LN trains at every depth: slower with depth where its median grows, not unstable)"
-    return None, text + " (Post-LN fails at a depth between, not at the deepest)"
+    return CANNOT_TELL, text + " (Post-LN fails at a depth between, not at the deepest: the data cannot tell)"
 
 
 def deepnorm_trains_everywhere(runs: pd.DataFrame) -> tuple[Optional[bool], str]:
