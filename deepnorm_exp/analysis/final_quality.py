@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .cannot_tell import CANNOT_TELL, Met
+from .cannot_tell import CANNOT_TELL, Met, every
 from .evidence import Evidence
 from .lr_study import capped_losses
 from .page import Page, Study, diagnoses, markdown_table
@@ -100,11 +100,9 @@ def _beyond_grid(ends: dict, losses: pd.DataFrame, cell: Cell, name: str) -> str
 
 
 def _verdict(judged: list[tuple[Met, str | None]]) -> Met:
-    """Per comparison (its order, why the loser's tuning may turn it): False where the reverse is surely shown,
-    else True where every comparison is shown and none may turn, else CANNOT_TELL."""
-    if any(order is False and why is None for order, why in judged):
-        return False
-    return True if all(order is True and why is None for order, why in judged) else CANNOT_TELL
+    """Per comparison (its order, why the loser's tuning may turn it): one that may turn cannot tell; then every
+    comparison must hold (cannot_tell.every)."""
+    return every([CANNOT_TELL if why else order for order, why in judged])
 
 
 def _loser(order: Met, a: Cell, b: Cell) -> Cell | None:
