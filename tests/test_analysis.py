@@ -491,3 +491,16 @@ def test_the_zoos_stream_gain_table_reads_each_multi_stream_run_and_escapes_what
     text = markdown_table(table)
     assert "<script>" not in text and "&lt;script&gt;" in text
     assert stream_gain_table(pd.DataFrame([{"norm": "pre", "depth": 6, "token_cosine": 0.4}])).empty
+
+
+def test_a_report_of_a_study_with_only_its_published_records_says_how_to_restore_them(tmp_path):
+    """A fresh clone holds each study's packed records, not its run directories: the report names the command
+    that unpacks them rather than only "no runs"."""
+    from deepnorm_exp.analysis.report import build_report
+
+    (tmp_path / "study" / "published").mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"published --restore .*study` unpacks them"):
+        build_report(tmp_path / "study")
+    with pytest.raises(SystemExit) as bare:
+        build_report(tmp_path / "empty")
+    assert "restore" not in str(bare.value)

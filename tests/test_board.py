@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from deepnorm_exp.analysis.board import (battery_differences, board, board_rows, failures, frontier_change, frontier_rates,
+                                         grid_extensions, past_the_end,
                                          frontier_slopes, grid_brackets, init_cosine, mixed_battery, pooled_sd, rank_within_noise, unranked,
                                          waiting_cells, waiting_line, whole_cells, common_grid)
 from deepnorm_exp.analysis.scorecard import MARK, scored
@@ -70,7 +71,20 @@ def test_the_frontier_is_below_the_grid_where_no_rate_trains_every_seed():
     assert math.isnan(row.frontier) and row.where == "below"
     assert failures(runs)["failures"].tolist() == ["4 stuck_on_plateau"]
     steps = board(runs)["steps_to_train"]
-    assert steps.isna().all()  # censored: never trained
+    assert steps.isna().all()  # censored at the budget
+    # said as censored, not as a failure: a run on the plateau at step 500 may train by 900 (issue 39)
+    assert board_rows(board(runs), 24)["steps to train"].tolist() == ["not by 500 (0/2)"]
+
+
+def test_a_best_rate_at_an_end_of_its_grid_gets_the_next_rate_past_it():
+    assert (past_the_end(3e-4, "low"), past_the_end(1e-3, "low")) == (pytest.approx(1e-4), pytest.approx(3e-4))
+    assert (past_the_end(1e-2, "high"), past_the_end(3e-2, "high")) == (pytest.approx(3e-2), pytest.approx(0.1))
+    runs = pd.DataFrame(grid("low", 100, {3e-4: (3.0, 3.1), 1e-3: (3.5, 3.6)})
+                        + grid("high", 100, {3e-4: (3.5, 3.6), 1e-3: (3.0, 3.1)})
+                        + grid("inside", 6, {3e-4: (3.5, 3.6), 1e-3: (3.0, 3.1), 3e-3: (3.4, 3.4)}))
+    assert grid_extensions(board(runs), "board") == [
+        "`python -m deepnorm_exp -m experiment=board norm=high depth=100 train.lr=0.003` (high end 0.001)",
+        "`python -m deepnorm_exp -m experiment=board norm=low depth=100 train.lr=0.0001` (low end 0.0003)"]
 
 
 def test_the_collapse_at_initialisation_is_the_last_blocks_cosine_at_step_0():

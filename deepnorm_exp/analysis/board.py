@@ -20,7 +20,11 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
   differ (a crashed one), a scheme of fewer seeds has wider margins, so it can rank above one of a slightly
   lower loss: fewer schemes are surely better than it. The row's `seeds` shows it.
 * Steps-to-train at the best rate: the first evaluation by which half the seeds had learned 10% of the
-  unigram-to-optimal gap (steps_to_train.median_steps; censored seeds never trained).
+  unigram-to-optimal gap (steps_to_train.median_steps), censored at the budget: "not by 500", never "never"
+  (a run on the plateau at its budget may train later: issue 39).
+* The grid around each scheme's own range (`grid_extensions`): where the best rate is an end of a cell's grid,
+  the ladder's next rate past it (1-3-10), until the best rate lies inside; the page lists the commands. Added
+  before any board run.
 * Frontier, at the grid's resolution: the largest rate at which every seed trained (a crashed or unfinished seed
   did not) and none diverged; "above"
   where that is the grid's top rate, "below" where no rate is; per scheme its change from the shallowest depth
@@ -183,15 +187,25 @@ def failures(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_rate_steps(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
-    """Per scheme and depth: the median steps-to-train of its seeds at its best rate, and how many trained."""
+    """Per scheme and depth: the median steps-to-train of its seeds at its best rate, how many trained, and the
+    budget that censors it (its runs' train.steps)."""
     rows = []
     for row in summary.itertuples():
         at = runs[(runs["norm"] == row.norm) & (pd.to_numeric(runs["depth"], errors="coerce") == row.depth)
                   & (pd.to_numeric(runs[LR], errors="coerce") == row.best_lr) & runs["status"].isin(("completed", "diverged"))]
         trained_at = pd.to_numeric(at.get("trained_at_step", pd.Series(np.nan, index=at.index)), errors="coerce")
+        budget = pd.to_numeric(at.get("train.steps", pd.Series(np.nan, index=at.index)), errors="coerce").max()
         rows.append({"norm": row.norm, "depth": row.depth, "steps_to_train": median_steps(trained_at),
-                     "trained_by_budget": f"{int(trained_at.notna().sum())}/{len(at)}"})
-    return pd.DataFrame(rows, columns=["norm", "depth", "steps_to_train", "trained_by_budget"])
+                     "trained_by_budget": f"{int(trained_at.notna().sum())}/{len(at)}", "budget": budget})
+    return pd.DataFrame(rows, columns=["norm", "depth", "steps_to_train", "trained_by_budget", "budget"])
+
+
+def censored_steps(median: float, budget: float) -> str:
+    """"100"; "not by 500" where half the seeds had not trained by the budget: slower or never, which the budget
+    cannot tell (issue 39: steps_to_train's long budget tells them apart), never "never"."""
+    if math.isfinite(median):
+        return f"{median:.0f}"
+    return f"not by {budget:.0f}" if math.isfinite(budget) else "not by the budget"
 
 
 def cell_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -273,8 +287,7 @@ def board_rows(table: pd.DataFrame, depth: int) -> pd.DataFrame:
     rows = table[table["depth"] == depth]
     loss = [f"{r.loss:.3f}" + (f" ± {r.se:.3f}" if math.isfinite(r.se) else "") for r in rows.itertuples()]
     rate = [f"{r.best_lr:g}" + (f" ({r.edge} edge)" if r.edge else "") for r in rows.itertuples()]
-    steps = [("never" if not math.isfinite(r.steps_to_train) else f"{r.steps_to_train:.0f}") + f" ({r.trained_by_budget})"
-             for r in rows.itertuples()]
+    steps = [censored_steps(r.steps_to_train, r.budget) + f" ({r.trained_by_budget})" for r in rows.itertuples()]
     frontier = [(f"{r.frontier:g}" if math.isfinite(r.frontier) else "") + (f" ({r.where})" if r.where else "")
                 for r in rows.itertuples()]
     cosine = [("" if not math.isfinite(r.init_cosine) else f"{r.init_cosine:.3f}"
@@ -283,6 +296,29 @@ def board_rows(table: pd.DataFrame, depth: int) -> pd.DataFrame:
                          "seeds": rows["seeds"].to_numpy(), "best lr": rate, "lr sensitivity": rows["sensitivity"].round(3).to_numpy(),
                          "steps to train": steps, "frontier": frontier, "cosine at init": cosine,
                          "within noise of": rows["ties"].to_numpy(), "failures": rows["failures"].fillna("").to_numpy()})
+
+
+RATES = tuple(m * 10.0 ** e for e in range(-7, 1) for m in (1, 3))  # the grid's 1-3-10 ladder, half a decade a rung
+
+
+def past_the_end(rate: float, edge: str) -> float:
+    """The ladder's next rate past `rate` on the `edge` ("low" or "high") side (NaN off the ladder's ends)."""
+    beyond = [r for r in RATES if (r < rate * (1 - 1e-9) if edge == "low" else r > rate * (1 + 1e-9))]
+    return (max(beyond) if edge == "low" else min(beyond)) if beyond else math.nan
+
+
+def grid_extensions(table: pd.DataFrame, experiment: str) -> list[str]:
+    """The rule that places each scheme's grid around its own range: a cell whose best rate is an end of its grid
+    gets the ladder's next rate past that end, in the same battery (the preset's seeds), until its best rate lies
+    inside; one command per cell, deepest first (the costliest runs, and a deeper model takes lower rates)."""
+    edged = table[table["edge"].isin(("low", "high"))].sort_values(["depth", "norm"], ascending=[False, True])
+    lines = []
+    for r in edged.itertuples():
+        rate = past_the_end(r.best_lr, r.edge)
+        if math.isfinite(rate):
+            lines.append(f"`python -m deepnorm_exp -m experiment={experiment} norm={md_text(r.norm)} "
+                         f"depth={int(r.depth)} train.lr={rate:g}` ({r.edge} end {r.best_lr:g})")
+    return lines
 
 
 def frontier_change(rows: pd.DataFrame) -> str:
@@ -412,11 +448,19 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
                       "no cell of the depth has every seed trained (with a finite spread), so the seeds' spread is not "
                       "known and no difference ranks")
             page.add(f"Ranked by the final eval loss at each scheme's best rate (capped at the loss at "
-                     f"initialisation); {spread}; equal ranks are within noise.",
+                     f"initialisation); {spread}; equal ranks are within noise. Steps to train: the median at the best "
+                     "rate, censored at the budget (\"not by 500\": half the seeds had not learned 10% of the "
+                     "gap by then, slower or never, which this budget cannot tell; steps_to_train's long budget "
+                     "can).",
                      markdown_table(board_rows(table, depth), index=False))
         page.add(*waiting_line(waiting, depth))
     if table.empty:
         return
+    extend = grid_extensions(table, name)
+    if extend:
+        page.add("Best rate at an end of its grid, so the optimum may lie beyond it. The rule: the ladder's next rate "
+                 "past that end (1-3-10, half a decade a rung), the same battery, until the best rate lies inside; "
+                 "the cell then waits for its new runs:", *(f"- {line}" for line in extend))
     page.add("The frontier per depth (the largest grid rate at which every seed trained and none diverged):",
              markdown_table(frontier_table(table)))
     slopes = frontier_slopes(whole)

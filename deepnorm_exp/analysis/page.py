@@ -124,7 +124,8 @@ def unmeasured_note(runs: pd.DataFrame) -> str:
 
 def single_rate_label(runs: pd.DataFrame) -> str:
     return (f"**Every scheme at one learning rate** ({one_rate(runs)}): a second view, whose order between schemes "
-            "may owe to the rate; the comparison at each scheme's own best rate is the learning-rate study's.")
+            "may owe to the rate; the comparison at each scheme's own best rate is the board's (every scheme) and the "
+            "learning-rate study's (Post-LN, Pre-LN, DeepNorm).")
 
 
 def one_rate(runs: pd.DataFrame) -> str:

@@ -151,7 +151,9 @@ def build_report(root: str | Path) -> str:
     root = Path(root)
     runs = load_runs(root)
     if runs.empty:
-        raise SystemExit(f"deepnorm_exp.analysis.report: no runs (no */summary.json) under {root}")
+        restore = (f"; its published records are there: `python -m deepnorm_exp.analysis.published --restore {root}` "
+                   "unpacks them" if (root / "published").is_dir() else "")
+        raise SystemExit(f"deepnorm_exp.analysis.report: no runs (no */summary.json) under {root}{restore}")
     frontier = load_frontier(root)
     # a bisection's probes are no grid: each cell tried its own rates
     sections = [*_summary_section(root, runs), *(_board_section(runs, root) if frontier.empty else []), *_frontier_section(frontier),
