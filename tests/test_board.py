@@ -447,3 +447,39 @@ def test_a_running_cell_is_begun_a_range_axis_asks_for_the_runs_grid_and_odd_rec
     tie = pd.DataFrame([run("pre", 6, lr, s, 3.0) for lr in rates for s in (0, 1)]
                        + [run("pre", 24, lr, s, 3.0) for lr in (*rates, 3e-2) for s in (0, 1)])
     assert common_grid(tie) == (rates, (0, 1))  # a tie: the smaller grid
+
+
+def test_the_full_battery_scorecard_is_ranked_among_the_full_boards_rows(tmp_path, monkeypatch):
+    """experiment=scorecard_full: the full battery's settings over the reduced one's, its runs under their own
+    name, and its rows read beside runs/board_full/ (a scorecard of 2,000 steps against the 500-step board would
+    only be refused)."""
+    from types import SimpleNamespace
+
+    import deepnorm_exp.analysis.scorecard as scorecard
+    from deepnorm_exp.compose import compose_with_hydra
+
+    cfg = compose_with_hydra(["experiment=scorecard_full", "norm=pre"])
+    params = cfg.hydra.sweeper.params
+    assert (cfg.experiment_name, cfg.train.steps, params["train.lr"], params["seed"]) == (
+        "scorecard_full", 2000, "1e-4,3e-4,1e-3,3e-3,1e-2", "0,1,2")
+    assert cfg.hydra.callbacks.comparison_table.board == "board_full"
+    assert compose_with_hydra(["experiment=board_full"]).experiment_name == "board_full"
+    assert compose_with_hydra(["experiment=scorecard", "norm=pre"]).hydra.callbacks.comparison_table.board == "board"
+
+    read = []
+    rates = {1e-3: (3.1, 3.2), 3e-3: (3.3, 3.4)}
+    monkeypatch.setattr(scorecard, "load_runs", lambda path: read.append(path.name) or pd.DataFrame(
+        grid("mine", 6, {1e-3: (3.0, 3.05), 3e-3: (3.2, 3.25)})))
+    monkeypatch.setattr(scorecard, "load_layer_records", lambda runs: pd.DataFrame())
+    monkeypatch.setattr(scorecard, "Evidence", lambda root: SimpleNamespace(
+        runs=lambda name: read.append(name) or pd.DataFrame(grid("pre", 6, rates)),
+        layers=lambda name: pd.DataFrame(), study_dir=lambda name: tmp_path / name))
+    (tmp_path / "scorecard_full").mkdir()
+    text = scorecard.scorecard_text(tmp_path, "scorecard_full", "board_full")
+    assert read[:2] == ["scorecard_full", "board_full"] and "Depth 6: mine rank 1 of 2" in text
+    shown = []
+    monkeypatch.setattr(scorecard, "scorecard_text", lambda *args: shown.append(args) or "")
+    monkeypatch.setattr(scorecard.ComparisonTable, "on_multirun_end", lambda self, config, **kwargs: None)
+    scorecard.Scorecard(board="board_full").on_multirun_end(
+        SimpleNamespace(paths=SimpleNamespace(runs=str(tmp_path)), experiment_name="scorecard_full"))
+    assert shown == [(str(tmp_path), "scorecard_full", "board_full")]

@@ -3,6 +3,7 @@ by the board's rules (board.py), read from the board's records: nothing of the b
 
     python -m deepnorm_exp -m experiment=scorecard norm=<name>     # runs it, then prints its rows
     python -m deepnorm_exp.analysis.scorecard runs                 # prints them again from the records
+    python -m deepnorm_exp -m experiment=scorecard_full norm=<name>  # the full battery, beside board_full's rows
 
 A scheme the board already has is scored under its own name plus " (scorecard)". A scheme whose scorecard
 battery is not the board's (another setting, grid, seeds or depths) is not ranked: the differences are printed
@@ -33,22 +34,22 @@ def scored(board_runs: pd.DataFrame, candidate: pd.DataFrame) -> pd.DataFrame:
     return candidate.assign(norm=[n + MARK if n in taken else n for n in candidate["norm"]])
 
 
-def scorecard_text(root: str | Path) -> str:
-    """The scorecard of every scheme under runs/scorecard/, per depth beside the board (or alone, where the
-    board has no records yet), as Markdown tables."""
+def scorecard_text(root: str | Path, scorecard: str = SCORECARD, board_name: str = BOARD) -> str:
+    """The scorecard of every scheme under <root>/<scorecard>/, per depth beside the board under
+    <root>/<board_name>/ (or alone, where the board has no records yet), as Markdown tables."""
     root = Path(root)
-    candidate = load_runs(root / SCORECARD) if (root / SCORECARD).is_dir() else pd.DataFrame()
+    candidate = load_runs(root / scorecard) if (root / scorecard).is_dir() else pd.DataFrame()
     if candidate.empty:
-        return f"No scorecard runs under {root / SCORECARD}: python -m deepnorm_exp -m experiment=scorecard norm=<name>"
+        return f"No scorecard runs under {root / scorecard}: python -m deepnorm_exp -m experiment={scorecard} norm=<name>"
     evidence = Evidence(root)
-    board_runs = evidence.runs(BOARD)
-    board_whole = whole_cells(board_runs, evidence.study_dir(BOARD))
-    waiting = waiting_cells(candidate, root / SCORECARD)
-    candidate = whole_cells(candidate, root / SCORECARD)
+    board_runs = evidence.runs(board_name)
+    board_whole = whole_cells(board_runs, evidence.study_dir(board_name))
+    waiting = waiting_cells(candidate, root / scorecard)
+    candidate = whole_cells(candidate, root / scorecard)
     lines = []
     if board_whole.empty:
-        lines.append(f"No board row has ended under {root / BOARD} (python -m deepnorm_exp -m experiment=board): "
-                     "the scorecard's rows alone.")
+        lines.append(f"No board row has ended under {root / board_name} (python -m deepnorm_exp -m "
+                     f"experiment={board_name}): the scorecard's rows alone.")
     elif unranked(board_runs, board_whole):
         return f"Not ranked: the board's records are no board: {unranked(board_runs, board_whole)}."
     else:  # each scheme apart: one scored at another battery leaves the others ranked
@@ -64,7 +65,7 @@ def scorecard_text(root: str | Path) -> str:
     candidate = scored(board_whole, candidate)
     names = set(candidate["norm"])
     runs = pd.concat([board_whole, candidate], ignore_index=True)
-    layers = pd.concat([evidence.layers(BOARD), load_layer_records(candidate)], ignore_index=True)
+    layers = pd.concat([evidence.layers(board_name), load_layer_records(candidate)], ignore_index=True)
     table = board(runs, layers)
     from .page import markdown_table
 
@@ -78,17 +79,25 @@ def scorecard_text(root: str | Path) -> str:
 
 
 class Scorecard(ComparisonTable):
-    """experiment=scorecard's comparison table: its runs' table, then its rows beside the board's, last."""
+    """experiment=scorecard's comparison table: its runs' table, then its rows beside those of `board` (the
+    board's experiment name: board, or board_full for the full battery), last."""
+
+    def __init__(self, board: str = BOARD) -> None:
+        self.board = board
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         super().on_multirun_end(config, **kwargs)
-        print("\n" + scorecard_text(config.paths.runs), flush=True)
+        print("\n" + scorecard_text(config.paths.runs, config.experiment_name, self.board), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m deepnorm_exp.analysis.scorecard", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="?", default="runs", help="the runs root holding board/ and scorecard/")
-    print(scorecard_text(parser.parse_args(argv).runs))
+    parser.add_argument("--scorecard", default=SCORECARD, help="the scorecard's experiment name (scorecard_full: the "
+                        "full battery)")
+    parser.add_argument("--board", default=BOARD, help="the board's experiment name (board_full: the full battery)")
+    args = parser.parse_args(argv)
+    print(scorecard_text(args.runs, args.scorecard, args.board))
 
 
 if __name__ == "__main__":
