@@ -28,7 +28,8 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
 * Frontier, at the grid's resolution: the largest rate at which every seed trained (a crashed or unfinished seed
   did not) and none diverged; "above"
   where that is the grid's top rate, "below" where no rate is; per scheme its change from the shallowest depth
-  to the deepest (the grid's factor bounds what it can show: exact bisection is experiment=frontier_depth's),
+  to the deepest (the grid's factor bounds what it can show: experiment=board_frontier bisects each cell under
+  the same battery, its own section of the page),
   and its slope against depth, log(frontier) on log(depth), fitted through each seed's bracket on the grid
   (frontier_law.py's fit and interval; added after a review, before any board run).
 * Collapse at initialisation: the last block's token cosine at step 0 (mean over the runs that recorded it;
@@ -467,7 +468,8 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
     if not slopes.empty:
         page.add("The frontier's slope against depth, log(frontier) on log(depth), per scheme through each seed's "
                  "bracket on the grid (the largest rate it trained at, the next above at which it did not: a factor "
-                 "of about 3.3, so the 95% interval is wide; `experiment=frontier_depth` bisects exactly):",
+                 "of about 3.3, so the 95% interval is wide; `experiment=board_frontier` bisects each cell under this "
+                 "battery: \"The board's frontier, bisected\", below):",
                  markdown_table(slopes, index=False))
 
 
