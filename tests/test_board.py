@@ -79,12 +79,19 @@ def test_the_frontier_is_below_the_grid_where_no_rate_trains_every_seed():
 def test_a_best_rate_at_an_end_of_its_grid_gets_the_next_rate_past_it():
     assert (past_the_end(3e-4, "low"), past_the_end(1e-3, "low")) == (pytest.approx(1e-4), pytest.approx(3e-4))
     assert (past_the_end(1e-2, "high"), past_the_end(3e-2, "high")) == (pytest.approx(3e-2), pytest.approx(0.1))
+    untrained = {"trained": False, "kind": "stuck_on_plateau"}
     runs = pd.DataFrame(grid("low", 100, {3e-4: (3.0, 3.1), 1e-3: (3.5, 3.6)})
                         + grid("high", 100, {3e-4: (3.5, 3.6), 1e-3: (3.0, 3.1)})
-                        + grid("inside", 6, {3e-4: (3.5, 3.6), 1e-3: (3.0, 3.1), 3e-3: (3.4, 3.4)}))
+                        + grid("inside", 6, {3e-4: (3.5, 3.6), 1e-3: (3.0, 3.1), 3e-3: (3.4, 3.4)})
+                        # nothing trained: its lowest loss at the top rate is noise, so down, not up (a review)
+                        + grid("stuck", 100, {3e-4: (4.91, 4.92), 1e-2: (4.90, 4.90)}, **untrained)
+                        + grid("a_b&c", 24, {1e-3: (3.0, 3.1), 3e-3: (3.5, 3.6)}))
+    command = "<code>python -m deepnorm_exp -m experiment=board norm={} depth={} train.lr={}</code> ({})"
     assert grid_extensions(board(runs), "board") == [
-        "`python -m deepnorm_exp -m experiment=board norm=high depth=100 train.lr=0.003` (high end 0.001)",
-        "`python -m deepnorm_exp -m experiment=board norm=low depth=100 train.lr=0.0001` (low end 0.0003)"]
+        command.format("high", 100, "0.003", "best rate at the high end, 0.001"),
+        command.format("low", 100, "0.0001", "best rate at the low end, 0.0003"),
+        command.format("stuck", 100, "0.0001", "no rate trained every seed, the lowest 0.0003"),
+        command.format("a_b&amp;c", 24, "0.0003", "best rate at the low end, 0.001")]  # renders as typed
 
 
 def test_the_collapse_at_initialisation_is_the_last_blocks_cosine_at_step_0():

@@ -143,11 +143,13 @@ def test_a_verdict_that_a_loser_tuned_at_its_grids_end_could_turn_cannot_tell():
     assert met is CANNOT_TELL and "deepnorm at L6: lr 0.001, the low end of text_lr's grid" in numbers
 
 
-def test_a_loser_whose_tuning_grid_cannot_be_read_cannot_tell():
+def test_a_loser_whose_tuning_grid_cannot_be_read_is_not_testable():
     """No text_lr records (or one rate of them ended): the rule cannot place the loser's rate, so it cannot say
-    the verdict would not turn (a review: it read such a cell as tuned inside its grid)."""
+    the verdict would not turn (a review: it read such a cell as tuned inside its grid); nothing was measured
+    there, so not testable rather than cannot tell (another review)."""
     met, numbers = final.ends_better("deepnorm", "pre")(evidence(**{f"runs_{final.STUDY}": runs(BETTER)}))
-    assert met is CANNOT_TELL and "pre at L6: no grid of text_lr's with more than one rate" in numbers
+    assert met is None and ("pre at L6: no grid of text_lr's with more than one rate to place its rate in: whether "
+                            "its optimum lies beyond it cannot be read") in numbers
     one_rate = tuned({("deepnorm", 6): (1e-3,), ("pre", 6): (1e-3,), ("deepnorm", 18): (1e-3,), ("pre", 18): (1e-3,)})
     assert final.ends_better("deepnorm", "pre")(evidence(**{f"runs_{final.STUDY}": runs(BETTER),
-                                                            f"runs_{final.TUNING}": one_rate}))[0] is CANNOT_TELL
+                                                            f"runs_{final.TUNING}": one_rate}))[0] is None

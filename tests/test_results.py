@@ -165,6 +165,18 @@ def test_frontier_claim_bounds_each_fall_by_the_seeds_extremes():
     assert met is CANNOT_TELL and numbers.endswith("(the ranges overlap: the data cannot tell which fell more)")
 
 
+def test_frontier_claim_says_why_where_post_lns_fall_is_not_sure_and_the_ranges_do_not_overlap():
+    """Post-LN fell 1.005x to 3x, DeepNorm 0.5x to 0.9x: apart, but Post-LN's least fall is within the tie of 1
+    (a review: the page said the ranges overlap)."""
+    frame = brackets(*[("post", 6, s, 0.01005, 0.02) for s in (0, 1)], *[("post", 100, s, 0.02 / 3, 0.01) for s in (0, 1)],
+                     *[("deepnorm", 6, s, 0.009, 0.01) for s in (0, 1)],
+                     *[("deepnorm", 100, s, 0.01 / 0.9, 0.018) for s in (0, 1)])
+    met, numbers = claims.frontier_flatter_for_deepnorm(evidence(frontier_frontier_depth=frame))
+    assert "by 1x to 3x; DeepNorm's by 0.5x to 0.9x" in numbers and "overlap" not in numbers  # 1.005 at 3 digits
+    assert met is CANNOT_TELL and numbers.endswith("(Post-LN's frontier may not have fallen (its least fall is within "
+                                                   "1% of 1): the data cannot tell)")
+
+
 def test_frontier_claim_compares_the_falls_over_the_depths_both_schemes_have():
     """Post-LN's deepest cells failed (errors, not bounds): both falls are judged from L6 to L50, not Post-LN's
     L6-L50 against DeepNorm's L6-L100 (DeepNorm's L100 would make it look as if it fell further)."""

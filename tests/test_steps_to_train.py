@@ -106,6 +106,9 @@ def test_the_budget_decides_where_no_other_scheme_trains_early_at_depth():
 
     met, numbers = post_unstable_with_depth(study(post_deep=NEVER, others_deep=LATE))
     assert met is None and "neither Pre-LN nor DeepNorm trains every seed by step 300 at L100" in numbers
+    # ... but Post-LN training at every depth shows the reverse whatever the others did (a review: read None)
+    met, numbers = post_unstable_with_depth(study(post_deep=LATE, others_deep=LATE))
+    assert met is False and "Post-LN trains at every depth" in numbers
 
 
 def test_post_ln_failing_where_its_grid_stops_at_its_shallower_best_rate_cannot_tell():

@@ -22,9 +22,9 @@ The rules, fixed before the board's runs (tests/test_board.py holds each against
 * Steps-to-train at the best rate: the first evaluation by which half the seeds had learned 10% of the
   unigram-to-optimal gap (steps_to_train.median_steps), censored at the budget: "not by 500", never "never"
   (a run on the plateau at its budget may train later: issue 39).
-* The grid around each scheme's own range (`grid_extensions`): where the best rate is an end of a cell's grid,
-  the ladder's next rate past it (1-3-10), until the best rate lies inside; the page lists the commands. Added
-  before any board run.
+* The grid around each scheme's own range (`grid_extensions`): where no rate of a cell trained every seed, the
+  ladder's next rate (1-3-10) below its lowest; where its best rate trained a seed and is an end of its grid,
+  the next rate past that end; until neither holds. The page lists the commands. Added before any board run.
 * Frontier, at the grid's resolution: the largest rate at which every seed trained (a crashed or unfinished seed
   did not) and none diverged; "above"
   where that is the grid's top rate, "below" where no rate is; per scheme its change from the shallowest depth
@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from .lr_study import LR, capped_losses, lr_summary
-from .escape import md_text
+from .escape import md_code, md_text
 from .frontier_law import fit_frontier_law
 from .page import Page, Study, charted, markdown_table
 from .steps_to_train import median_steps
@@ -110,7 +110,7 @@ def frontier_rates(runs: pd.DataFrame) -> pd.DataFrame:
     sits on the grid ("above": the top rate; "below": none). The grid is every rate its runs tried: a seed
     that crashed or has not finished is not one that trained."""
     if runs.empty or LR not in runs:
-        return pd.DataFrame(columns=["norm", "depth", "frontier", "where"])
+        return pd.DataFrame(columns=["norm", "depth", "frontier", "where", "lowest"])
     status = runs.get("status", pd.Series(None, index=runs.index))
     cells = pd.DataFrame({"norm": runs["norm"], "depth": pd.to_numeric(runs["depth"], errors="coerce"),
                           "lr": pd.to_numeric(runs[LR], errors="coerce"),
@@ -121,8 +121,8 @@ def frontier_rates(runs: pd.DataFrame) -> pd.DataFrame:
         stable = [lr for lr, cell in group.groupby("lr") if cell["ok"].all()]
         top = max(stable) if stable else math.nan
         where = "below" if not stable else "above" if top == rates[-1] else ""
-        rows.append({"norm": norm, "depth": int(depth), "frontier": top, "where": where})
-    return pd.DataFrame(rows, columns=["norm", "depth", "frontier", "where"])
+        rows.append({"norm": norm, "depth": int(depth), "frontier": top, "where": where, "lowest": rates[0]})
+    return pd.DataFrame(rows, columns=["norm", "depth", "frontier", "where", "lowest"])
 
 
 def grid_brackets(runs: pd.DataFrame) -> pd.DataFrame:
@@ -202,8 +202,9 @@ def best_rate_steps(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def censored_steps(median: float, budget: float) -> str:
-    """"100"; "not by 500" where half the seeds had not trained by the budget: slower or never, which the budget
-    cannot tell (issue 39: steps_to_train's long budget tells them apart), never "never"."""
+    """"100"; "not by 500" where fewer than half the seeds had trained by the budget: a seed on the plateau may be
+    slower or never train, which the budget cannot tell (issue 39: steps_to_train's long budget tells them
+    apart), so never "never"."""
     if math.isfinite(median):
         return f"{median:.0f}"
     return f"not by {budget:.0f}" if math.isfinite(budget) else "not by the budget"
@@ -309,16 +310,23 @@ def past_the_end(rate: float, edge: str) -> float:
 
 
 def grid_extensions(table: pd.DataFrame, experiment: str) -> list[str]:
-    """The rule that places each scheme's grid around its own range: a cell whose best rate is an end of its grid
-    gets the ladder's next rate past that end, in the same battery (the preset's seeds), until its best rate lies
-    inside; one command per cell, deepest first (the costliest runs, and a deeper model takes lower rates)."""
-    edged = table[table["edge"].isin(("low", "high"))].sort_values(["depth", "norm"], ascending=[False, True])
+    """The rule that places each scheme's grid around its own range, in the same battery (the preset's seeds):
+    a cell where no rate trained every seed gets the ladder's next rate below its lowest (a deeper model takes
+    lower rates; the lowest loss among untrained rates is noise, no direction: a review); a cell whose best rate
+    trained a seed and is an end of its grid gets the next rate past that end; until neither holds. One command
+    per cell, deepest first (the costliest runs)."""
     lines = []
-    for r in edged.itertuples():
-        rate = past_the_end(r.best_lr, r.edge)
+    for r in table.sort_values(["depth", "norm"], ascending=[False, True]).itertuples():
+        if r.where == "below":
+            end, edge, why = r.lowest, "low", f"no rate trained every seed, the lowest {r.lowest:g}"
+        elif r.edge in ("low", "high") and r.trained > 0:
+            end, edge, why = r.best_lr, r.edge, f"best rate at the {r.edge} end, {r.best_lr:g}"
+        else:
+            continue
+        rate = past_the_end(end, edge)
         if math.isfinite(rate):
-            lines.append(f"`python -m deepnorm_exp -m experiment={experiment} norm={md_text(r.norm)} "
-                         f"depth={int(r.depth)} train.lr={rate:g}` ({r.edge} end {r.best_lr:g})")
+            command = f"python -m deepnorm_exp -m experiment={experiment} norm={r.norm} depth={int(r.depth)} train.lr={rate:g}"
+            lines.append(f"{md_code(command)} ({why})")
     return lines
 
 
@@ -450,18 +458,19 @@ def board_section(page: Page, evidence: Evidence, name: str) -> None:
                       "known and no difference ranks")
             page.add(f"Ranked by the final eval loss at each scheme's best rate (capped at the loss at "
                      f"initialisation); {spread}; equal ranks are within noise. Steps to train: the median at the best "
-                     "rate, censored at the budget (\"not by 500\": half the seeds had not learned 10% of the "
-                     "gap by then, slower or never, which this budget cannot tell; steps_to_train's long budget "
-                     "can).",
+                     "rate, censored at the budget (\"not by 500\": fewer than half the seeds had learned 10% of "
+                     "the gap by then; one on the plateau may be slower or never train, which this budget cannot "
+                     "tell and steps_to_train's long budget can; a diverged one never will).",
                      markdown_table(board_rows(table, depth), index=False))
         page.add(*waiting_line(waiting, depth))
     if table.empty:
         return
     extend = grid_extensions(table, name)
     if extend:
-        page.add("Best rate at an end of its grid, so the optimum may lie beyond it. The rule: the ladder's next rate "
-                 "past that end (1-3-10, half a decade a rung), the same battery, until the best rate lies inside; "
-                 "the cell then waits for its new runs:", *(f"- {line}" for line in extend))
+        page.add("Cells whose grid may not hold their optimum or their frontier. The rule: where no rate trained "
+                 "every seed, the ladder's next rate below the lowest (1-3-10, half a decade a rung); where the best "
+                 "rate trained a seed and is an end of the grid, the next rate past that end; the same battery, "
+                 "until neither holds; the cell then waits for its new runs:", *(f"- {line}" for line in extend))
     page.add("The frontier per depth (the largest grid rate at which every seed trained and none diverged):",
              markdown_table(frontier_table(table)))
     slopes = frontier_slopes(whole)

@@ -120,8 +120,11 @@ def frontier_flatter_for_deepnorm(e: Evidence):
     if post_high <= 1 or post_high * (1 + TIE) < dn_low:
         return False, text + aside
     tie = np.isclose(post_low, dn_high, rtol=TIE, atol=0) or np.isclose(post_high, dn_low, rtol=TIE, atol=0)
-    return CANNOT_TELL, text + (f" (the ranges' ends tie, within {TIE:.0%}: the data cannot tell which fell more)" if tie
-                         else " (the ranges overlap: the data cannot tell which fell more)") + aside
+    why = (f"the ranges' ends tie, within {TIE:.0%}: the data cannot tell which fell more" if tie
+           else "the ranges overlap: the data cannot tell which fell more" if post_low <= dn_high
+           else f"Post-LN's frontier may not have fallen (its least fall is within {TIE:.0%} of 1): the data cannot "
+                "tell")
+    return CANNOT_TELL, text + f" ({why})" + aside
 
 
 def frontier_fall(cells: pd.DataFrame, shallowest: int, deepest: int) -> tuple[float, float]:

@@ -19,11 +19,11 @@ The rules, fixed before the study's runs (conf/experiment/text_final.yaml says t
 * "Post-LN, where it trains": at the depths where every Post-LN run ended and trained (summary.trained).
 * "DeepNorm keeps improving as the model goes deeper" (figure 6): each deeper depth's mean below the one before,
   by the same test.
-* Tuning further can only lower a loss, so where the side that lost a comparison (the one not shown below the
-  other) was tuned at an end of text_lr's grid, or where that grid cannot be read, its optimum may lie beyond
-  it and that comparison cannot tell (the winner's rate at an end only widens the gap). Added 2026-12-06,
-  before text_final's runs at depth 50; the runs at 6 and 18 had ended, none of their verdicts published (the
-  sweep had not finished).
+* Tuning further can only lower a loss, so where the side that lost a comparison (the one shown above the
+  other) was tuned at an end of text_lr's grid, its optimum may lie beyond it and that comparison cannot tell
+  (the winner's rate at an end only widens the gap); where that grid cannot be read (no records, or one rate),
+  the comparison is not testable. Added 2026-12-06, before text_final's runs at depth 50; the runs at 6 and 18
+  had ended, none of their verdicts published (the sweep had not finished).
 """
 
 from __future__ import annotations
@@ -88,21 +88,26 @@ def _grid_ends(e: Evidence) -> dict[Cell, tuple[float, float]]:
             if row["nunique"] > 1}
 
 
-def _beyond_grid(ends: dict, losses: pd.DataFrame, cell: Cell, name: str) -> str | None:
-    """Why `cell`'s tuned rate may not be its optimum, or None: it is an end of text_lr's grid there."""
+Turn = tuple[Met, str]  # what a loser's tuning leaves its comparison, and why
+
+
+def _beyond_grid(ends: dict, losses: pd.DataFrame, cell: Cell, name: str) -> Turn | None:
+    """Whether `cell`'s tuned rate may not be its optimum: CANNOT_TELL where it is an end of text_lr's grid there
+    (measured, and the optimum may lie past it); None, not testable, where no grid of more than one rate places
+    it (no text_lr records, or one rate: what the rate's place is cannot be read, a review); else None."""
     rates = losses.loc[(losses["norm"] == cell[0]) & (losses["depth"] == cell[1]), "lr"].unique()
     if cell not in ends or len(rates) != 1:
-        return (f"{name} at L{cell[1]}: no grid of {TUNING}'s with more than one rate to place its rate in, its "
-                "optimum may lie beyond it: the data cannot tell")
+        return None, (f"{name} at L{cell[1]}: no grid of {TUNING}'s with more than one rate to place its rate in: "
+                      "whether its optimum lies beyond it cannot be read")
     side = next((s for s, end in zip(("low", "high"), ends[cell]) if np.isclose(rates[0], end, rtol=1e-9)), None)
-    return side and (f"{name} at L{cell[1]}: lr {rates[0]:.3g}, the {side} end of {TUNING}'s grid, its optimum may "
-                     "lie beyond it: the data cannot tell")
+    return side and (CANNOT_TELL, f"{name} at L{cell[1]}: lr {rates[0]:.3g}, the {side} end of {TUNING}'s grid, its "
+                     "optimum may lie beyond it: the data cannot tell")
 
 
-def _verdict(judged: list[tuple[Met, str | None]]) -> Met:
-    """Per comparison (its order, why the loser's tuning may turn it): one that may turn cannot tell; then every
-    comparison must hold (cannot_tell.every)."""
-    return every([CANNOT_TELL if why else order for order, why in judged])
+def _verdict(judged: list[tuple[Met, Turn | None]]) -> Met:
+    """Per comparison (its order, what the loser's tuning may do to it): one the tuning may turn takes the turn's
+    answer; then every comparison must hold (cannot_tell.every)."""
+    return every([turn[0] if turn else order for order, turn in judged])
 
 
 def _loser(order: Met, a: Cell, b: Cell) -> Cell | None:
@@ -130,10 +135,10 @@ def ends_better(norm: str, other: str, where_trained: str | None = None):
             difference = _difference(a, b)  # (gap, se, t): computed once, said and judged
             order = _order(*difference)
             loser = _loser(order, (norm, int(depth)), (other, int(depth)))
-            why = loser and _beyond_grid(ends, losses, loser, loser[0])
+            turn = loser and _beyond_grid(ends, losses, loser, loser[0])
             compared.append(_said(int(depth), norm, a, other, b, difference)
-                            + (f" ({why})" if why else WITHIN if loser is None else ""))
-            met.append((order, why))
+                            + (f" ({turn[1]})" if turn else WITHIN if loser is None else ""))
+            met.append((order, turn))
         if not compared:
             scope = f" where every {where_trained} run trained" if where_trained else ""
             return None, f"no depth{scope} with two seeds or more of both {norm} and {other}"
@@ -158,8 +163,8 @@ def improves_with_depth(norm: str):
             loser = _loser(order, (norm, deep), (norm, shallow))
             judged.append((order, loser and _beyond_grid(ends, losses, loser, norm)))
         text = "; ".join(_gap(f"L{deep}", f"L{shallow}", gap, se, t)
-                         + (f" ({why})" if why else WITHIN if order is CANNOT_TELL else "")
-                         for (shallow, deep, gap, se, t), (order, why) in zip(steps, judged))
+                         + (f" ({turn[1]})" if turn else WITHIN if order is CANNOT_TELL else "")
+                         for (shallow, deep, gap, se, t), (order, turn) in zip(steps, judged))
         return (_verdict(judged),
                 f"{norm}'s mean eval loss {means}; {text} (improving: Welch's t-test, one-sided, at "
                 f"{1 - CONFIDENCE:.0%})" + (f"; left out, under two seeds: {', '.join(f'L{d}' for d in skipped)}"

@@ -39,7 +39,8 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
              "small), so each claim is judged at this scale, by the rule beside it "
              "(`deepnorm_exp/analysis/claims.py`). \"Not reproduced\" says the runs show the reverse; \"the data "
              "cannot tell\" that they fit the claim and its reverse alike (the seeds overlap, a tie, a difference "
-             "within the test), where more seeds or rates could decide; \"not testable here\" that the study "
+             "within the test, a best rate at an end of the grid it was tuned on), where more seeds or rates could "
+             "decide; \"not testable here\" that the study "
              "cannot test the claim in this setting. A study \"not run yet\" has not been run under the current "
              "defaults and protocol; earlier versions of this page (in git) showed runs at earlier ones, whose "
              "records were not kept.", setting_text(evidence))

@@ -187,6 +187,8 @@ def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Met, str]:
     shallowest, deepest = depths[0], depths[-1]
     text = ("median steps-to-train at each scheme's best rate (seeds trained by the budget): "
             + "; ".join(describe(best, norm) for norm in ("post", "pre", "deepnorm") if norm in set(best["norm"])))
+    if all(not fails(cells, "post", depth) for depth in depths):  # the reverse shown, whatever the others did
+        return False, text + " (Post-LN trains at every depth: slower with depth where its median grows, not unstable)"
     if not any(trains_early(best, norm, deepest) for norm in ("pre", "deepnorm")):
         return None, text + f" (neither Pre-LN nor DeepNorm trains every seed by step {SHORT_BUDGET} at L{deepest})"
     if fails(cells, "post", shallowest):
@@ -195,8 +197,6 @@ def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Met, str]:
         return CANNOT_TELL, text + f" ({grid}: the data cannot tell)"
     if fails(cells, "post", deepest):
         return True, text + f" (Post-LN fails at L{deepest}: no seed at any rate trained)"
-    if all(not fails(cells, "post", depth) for depth in depths):
-        return False, text + " (Post-LN trains at every depth: slower with depth where its median grows, not unstable)"
     return CANNOT_TELL, text + " (Post-LN fails at a depth between, not at the deepest: the data cannot tell)"
 
 
