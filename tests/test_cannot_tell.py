@@ -21,7 +21,7 @@ def test_cannot_tell_has_no_truth_value():
     ([True, False, CANNOT_TELL], False),  # one reverse shown decides
     ([True, CANNOT_TELL, None], CANNOT_TELL),  # an overlap is evidence both ways; a saturated comparison is none
     ([True, None], None),
-    ([], True),
+    ([], None),  # nothing compared is nothing shown (all([]) would say True)
 ])
 def test_every_comparison_must_hold(answers, expected):
     assert every(answers) is expected

@@ -34,9 +34,9 @@ Met = Optional[Union[bool, CannotTell]]  # a check's answer: met, not met, not t
 
 def every(answers: list[Met]) -> Met:
     """Several comparisons that must all hold: one surely fails, False; all hold, True; one cannot tell,
-    CANNOT_TELL; else (one not testable) None."""
+    CANNOT_TELL; else (one not testable, or none made) None."""
     if any(a is False for a in answers):
         return False
-    if all(a is True for a in answers):
+    if answers and all(a is True for a in answers):
         return True
     return CANNOT_TELL if any(a is CANNOT_TELL for a in answers) else None
