@@ -91,16 +91,16 @@ def _grid_ends(e: Evidence) -> dict[Cell, tuple[float, float]]:
 Turn = tuple[Met, str]  # what a loser's tuning leaves its comparison, and why
 
 
-def _beyond_grid(ends: dict, losses: pd.DataFrame, cell: Cell, name: str) -> Turn | None:
+def _beyond_grid(ends: dict, losses: pd.DataFrame, cell: Cell) -> Turn | None:
     """Whether `cell`'s tuned rate may not be its optimum: CANNOT_TELL where it is an end of text_lr's grid there
     (measured, and the optimum may lie past it); None, not testable, where no grid of more than one rate places
     it (no text_lr records, or one rate: what the rate's place is cannot be read, a review); else None."""
     rates = losses.loc[(losses["norm"] == cell[0]) & (losses["depth"] == cell[1]), "lr"].unique()
     if cell not in ends or len(rates) != 1:
-        return None, (f"{name} at L{cell[1]}: no grid of {TUNING}'s with more than one rate to place its rate in: "
+        return None, (f"{cell[0]} at L{cell[1]}: no grid of {TUNING}'s with more than one rate to place its rate in: "
                       "whether its optimum lies beyond it cannot be read")
     side = next((s for s, end in zip(("low", "high"), ends[cell]) if np.isclose(rates[0], end, rtol=1e-9)), None)
-    return side and (CANNOT_TELL, f"{name} at L{cell[1]}: lr {rates[0]:.3g}, the {side} end of {TUNING}'s grid, its "
+    return side and (CANNOT_TELL, f"{cell[0]} at L{cell[1]}: lr {rates[0]:.3g}, the {side} end of {TUNING}'s grid, its "
                      "optimum may lie beyond it: the data cannot tell")
 
 
@@ -110,12 +110,17 @@ def _verdict(judged: list[tuple[Met, Turn | None]]) -> Met:
     return every([turn[0] if turn else order for order, turn in judged])
 
 
-def _loser(order: Met, a: Cell, b: Cell) -> Cell | None:
-    """The side an order shows above the other (None where it shows neither)."""
-    return None if order is CANNOT_TELL else b if order else a
-
-
 WITHIN = " (within the test: the data cannot tell)"
+
+
+def _judged(ends: dict, losses: pd.DataFrame, difference: tuple, a: Cell, b: Cell) -> tuple[Met, Turn | None, str]:
+    """One comparison, "A below B" (difference: _difference's (gap, se, t)): its order, what the tuning of the side
+    shown above may do to it (_beyond_grid), and the aside that says so (or that the test cannot tell)."""
+    order = _order(*difference)
+    if order is CANNOT_TELL:
+        return order, None, WITHIN
+    turn = _beyond_grid(ends, losses, b if order else a)
+    return order, turn, f" ({turn[1]})" if turn else ""
 
 
 def ends_better(norm: str, other: str, where_trained: str | None = None):
@@ -133,11 +138,8 @@ def ends_better(norm: str, other: str, where_trained: str | None = None):
                 if int(at.loc[at["norm"] == where_trained, "trained"].sum()) < ran:
                     continue
             difference = _difference(a, b)  # (gap, se, t): computed once, said and judged
-            order = _order(*difference)
-            loser = _loser(order, (norm, int(depth)), (other, int(depth)))
-            turn = loser and _beyond_grid(ends, losses, loser, loser[0])
-            compared.append(_said(int(depth), norm, a, other, b, difference)
-                            + (f" ({turn[1]})" if turn else WITHIN if loser is None else ""))
+            order, turn, aside = _judged(ends, losses, difference, (norm, int(depth)), (other, int(depth)))
+            compared.append(_said(int(depth), norm, a, other, b, difference) + aside)
             met.append((order, turn))
         if not compared:
             scope = f" where every {where_trained} run trained" if where_trained else ""
@@ -157,15 +159,12 @@ def improves_with_depth(norm: str):
             return None, f"{norm} needs two seeds or more at two depths"
         steps = [(shallow, deep, *_difference(of[deep], of[shallow])) for shallow, deep in zip(depths, depths[1:])]
         means = ", ".join(f"L{d} {of[d].mean():.3f}" for d in depths)
-        ends, judged = _grid_ends(e), []
-        for shallow, deep, gap, se, t in steps:
-            order = _order(gap, se, t)
-            loser = _loser(order, (norm, deep), (norm, shallow))
-            judged.append((order, loser and _beyond_grid(ends, losses, loser, norm)))
-        text = "; ".join(_gap(f"L{deep}", f"L{shallow}", gap, se, t)
-                         + (f" ({turn[1]})" if turn else WITHIN if order is CANNOT_TELL else "")
-                         for (shallow, deep, gap, se, t), (order, turn) in zip(steps, judged))
-        return (_verdict(judged),
+        ends = _grid_ends(e)
+        judged = [_judged(ends, losses, (gap, se, t), (norm, deep), (norm, shallow))
+                  for shallow, deep, gap, se, t in steps]
+        text = "; ".join(_gap(f"L{deep}", f"L{shallow}", gap, se, t) + aside
+                         for (shallow, deep, gap, se, t), (_, _, aside) in zip(steps, judged))
+        return (_verdict([(order, turn) for order, turn, _ in judged]),
                 f"{norm}'s mean eval loss {means}; {text} (improving: Welch's t-test, one-sided, at "
                 f"{1 - CONFIDENCE:.0%})" + (f"; left out, under two seeds: {', '.join(f'L{d}' for d in skipped)}"
                                             if skipped else ""))
