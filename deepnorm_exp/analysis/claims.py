@@ -285,7 +285,7 @@ CLAIMS = [
           "shallowest, where Pre-LN or DeepNorm trains every seed by step 300 at its best rate; not reproduced where "
           "it trains at every depth, only slower; a failure counts only where the rates tried reach below Post-LN's "
           "best rate at the nearest shallower depth where it trained. Changed from the depth sweep's 300-step rule, "
-          "which read a plateau as a failure; the grid's lower ends after the study's first 36 and 54 runs", lambda e: steps_to_train.post_unstable_with_depth(e.runs(STEPS_ENCDEC))),
+          "which read a plateau as a failure; the grid's lower ends after the study's first 36, 54 and 72 runs", lambda e: steps_to_train.post_unstable_with_depth(e.runs(STEPS_ENCDEC))),
     Claim("... and DeepNorm trains at every depth (encoder-decoder).", STEPS_ENCDEC, "every DeepNorm seed at its "
           "best rate trains within the budget at every depth",
           lambda e: steps_to_train.deepnorm_trains_everywhere(e.runs(STEPS_ENCDEC))),
