@@ -269,8 +269,7 @@ DECODER = Study("steps_to_train", "Slow or unstable: steps to train against dept
 ENCDEC = Study("steps_to_train_encdec", "Slow or unstable, encoder-decoder",
                "The same on N-N encoder-decoders and the synthetic translation task, N = 6, 24, 100, rates 1e-3 and "
                "3e-3 (the first 36 runs), 3e-4 (added after them), 1e-4 (after the first 54) and 3e-5 (after the "
-               "first 72), two seeds, until "
-               "trained or 3,000 steps.",
+               "first 72), two seeds, until trained or 3,000 steps.",
                steps_section, dashboard=steps_dashboard)
 FP16 = Study("precision_fp16", "Mixed precision, as the paper trained",
              "Post-LN and DeepNorm at depths 18 and 50 in fp16 with dynamic loss scaling, lr 1e-3, two seeds, "
