@@ -49,7 +49,9 @@ notebooks: $(STAMP)
 # docs/configuration.md from the schema; docs/results.md and its figures from every study's records
 # (runs/<study>/published/, packed first from the raw runs where there are any), the generated blocks of the
 # README and of the manual's pages (the claims' tally, the presets' times, the quick start's, zoo's,
-# learning-rate and frontier tables) and conf/tuned_lr/<study>.yaml from the same records.
+# learning-rate and frontier tables) and conf/tuned_lr/<study>.yaml from the same records. RECORDS_ONLY=1:
+# whether a study's sweep is done is read from its records alone, not from the checkout's presets (runs of
+# studies named after presets whose grids differ).
 RUNS ?= runs
 DOCS ?= docs
 README ?= README.md
@@ -57,7 +59,7 @@ CONF ?= conf
 BLOCKS = $(README) $(filter-out $(DOCS)/results.md,$(wildcard $(DOCS)/*.md))
 results: $(STAMP)
 	$(PY) -m deepnorm_exp.reference $(DOCS)/configuration.md
-	$(PY) -m deepnorm_exp.analysis.results $(RUNS) --out $(DOCS) $(if $(strip $(BLOCKS)),--blocks $(BLOCKS)) $(if $(CONF),--conf $(CONF))
+	$(PY) -m deepnorm_exp.analysis.results $(RUNS) --out $(DOCS) $(if $(strip $(BLOCKS)),--blocks $(BLOCKS)) $(if $(CONF),--conf $(CONF)) $(if $(RECORDS_ONLY),--records-only)
 
 # The depth comparison at the paper's width on one GPU (conf/experiment/gpu_depth.yaml; under 8 minutes on an
 # H200), then the page from every study's records, its own included.

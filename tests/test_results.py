@@ -18,7 +18,7 @@ from deepnorm_exp.analysis.timing import duration, grid_size, preset_time, sweep
 
 def evidence(**frames) -> Evidence:
     """Evidence whose studies hold the given frames: runs_<study>=, scalars_<study>=, layers_<study>=, ..."""
-    e = Evidence("/nonexistent")
+    e = Evidence("/nonexistent", presets=lambda name: None)  # hand-made frames: not the presets' grids
     for key, frame in frames.items():
         kind, study = key.split("_", 1)
         e._cache[kind, study] = frame
@@ -394,6 +394,12 @@ def test_a_sweep_narrowed_on_the_command_line_has_not_run_the_presets_grid(tmp_p
     # ... though settled: the tuned rates of the depths it ran are written from it (text_lr at 18 and 6)
     assert sweep_settled(tmp_path, pd.DataFrame({"status": ["completed"] * 18}))
     assert sweep_finished(tmp_path, pd.DataFrame({"status": ["completed"] * 27}))
+    # a preset that gained a value after its last sweep (its rates committed before their runs) has not finished
+    grown = {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+             "params": {"depth": "50,18,6", "norm": "post,pre,deepnorm", "seed": "1,2,3,4"}}
+    assert grid_size(tmp_path, grown) == 36
+    assert not sweep_finished(tmp_path, pd.DataFrame({"status": ["completed"] * 27}), grown)
+    assert grid_size(tmp_path, {"params": {"seed": "1"}}) == 27  # no grid's sweeper, and a smaller grid: the record's
     multirun(checked, depth="range(6,50,6)", norm="post")  # not a plain list: the grid is not read
     assert grid_size(tmp_path) is None and sweep_finished(tmp_path, pd.DataFrame({"status": ["completed"]}))
     multirun("hydra_plugins.deepnorm_exp_frontier.frontier_sweeper.FrontierSweeper", depth="100,6", norm="post")
@@ -426,7 +432,7 @@ def test_a_claim_is_withheld_while_its_sweep_runs_as_its_sweep_log_says(tmp_path
     """Through Evidence's own reading of runs/<study>/sweeps.jsonl (the other tests set `finished`)."""
     from test_steps_to_train import NEVER, study
 
-    e = Evidence(tmp_path)
+    e = Evidence(tmp_path, presets=lambda name: None)  # hand-made runs: not the preset's grid
     e._cache["runs", "steps_to_train"] = study(post_deep=NEVER)
     (tmp_path / "steps_to_train").mkdir()
     log = tmp_path / "steps_to_train" / "sweeps.jsonl"
@@ -435,7 +441,7 @@ def test_a_claim_is_withheld_while_its_sweep_runs_as_its_sweep_log_says(tmp_path
     with open(log, "a") as f:
         f.write(json.dumps({"at": "2026-11-30T11:00:00+00:00", "event": "end", "id": "a"}) + "\n")
     assert claims.CLAIMS[0].judge(e).outcome == UNFINISHED  # read once per Evidence; a new one sees the end
-    fresh = Evidence(tmp_path)
+    fresh = Evidence(tmp_path, presets=lambda name: None)  # the hand-made runs are not the preset's grid
     fresh._cache["runs", "steps_to_train"] = study(post_deep=NEVER)
     assert claims.CLAIMS[0].judge(fresh).outcome == REPRODUCED
 
@@ -496,7 +502,15 @@ def test_the_page_says_its_scale_and_counts_what_failed_from_the_records():
     text = setting_text(evidence(runs_quickstart=runs))
     assert text.startswith("**How to read it.** The 3 runs behind this page are small models (d_model 64, 512; "
                            "cpu, cuda)")
-    assert "at least 10% of the gap" in text and "1 completed without training and 1 diverged" in text
+    assert "at least 10% of the gap" in text and "1 completed without training (0 of the 0 with a budget of 1,000 " \
+        "steps or more; the rest are shorter runs of 300 steps," in text and ") and 1 diverged" in text
+    # the untrained runs of a budget that lets a run train are counted apart from the short windows'
+    long = runs.assign(steps=[3000, 3000, 30])
+    assert "1 completed without training (1 of the 2 with a budget of 1,000 steps or more; the rest are shorter " \
+           "runs, the" in setting_text(evidence(runs_quickstart=long))
+    short = runs.assign(steps=[30, 3000, 3000], trained=[False, False, True])
+    assert "(0 of the 2 with a budget of 1,000 steps or more; the rest are shorter runs of 30 steps," \
+        in setting_text(evidence(runs_quickstart=short))
     assert "cuda) on the synthetic language, whose optimal loss is known" in text
     # runs on data without a known optimum are counted apart, and the gap they are judged on said
     text_runs = runs.assign(optimal_loss=[2.7, 2.7, None])
@@ -546,3 +560,19 @@ def test_a_page_written_before_the_counts_were_marked_is_read_by_its_sections():
     page = (f"# Results\n\n## {titles['quickstart']}\n\nabout\n\n| a |\n\n## {titles['zoo_depth_sweep']}\n\n"
             "about\n\nNot run yet.\n")
     assert published_runs(page) == {"quickstart": None}
+
+
+def test_the_presets_grid_is_read_as_the_checkout_composes_it_and_stopped_runs_are_named(tmp_path):
+    from deepnorm_exp.analysis.timing import preset_sweeper
+
+    sweeper = preset_sweeper("steps_to_train")
+    # the preset as committed now: 1e-4 joined its grid after the sweep whose multirun.yaml the records hold
+    assert "1e-4" in sweeper["params"]["train.lr"].split(",") and grid_size(tmp_path, sweeper) >= 120
+    assert preset_sweeper("no_such_preset") is None
+    e = Evidence(tmp_path, presets=lambda name: None)
+    e._cache["runs", "s"] = pd.DataFrame([run("deepnorm", 500, status="interrupted", steps_completed=685),
+                                          run("pre", 500, steps_completed=100),
+                                          run("post", 500, status="running<b>", steps_completed=None)])
+    text = e.so_far("s")
+    assert text.startswith("3 runs so far, 2 not ended: ")
+    assert "interrupted at step 685" in text and "<b>" not in text

@@ -89,8 +89,17 @@ def test_post_ln_that_never_trains_at_depth_while_the_others_train_early_fails()
     from deepnorm_exp.analysis.steps_to_train import post_unstable_with_depth
 
     met, numbers = post_unstable_with_depth(study(post_deep=NEVER))
-    assert met is True and numbers.endswith("(Post-LN fails at L100: no seed at any rate trained)")
+    assert met is True and numbers.endswith("(Post-LN fails at L100: no seed at any rate trained; 2 of its 4 runs "
+                                            "diverged)")
     assert "post: L6 100 (2/2 by 3000), L100 none (0/2 by 3000: 1 diverged, 1 stuck_on_plateau)" in numbers
+    # how far the failed runs got, so a slow descent is not read as a stall
+    runs = study(post_deep=NEVER).assign(learned_fraction=0.5)
+    runs.loc[(runs["norm"] == "post") & (runs["depth"] == 100), "learned_fraction"] = [0.02, -0.01, 0.041, 0.0]
+    assert post_unstable_with_depth(runs)[1].endswith(
+        "2 of its 4 runs diverged, the most any closed 4.1% of the unigram-to-optimal gap (10% trains))")
+    # a diagnosis kind is a record's value: the name rule lets "~" through, which GitHub reads as strikethrough
+    runs.loc[runs["diagnosis.kind"] == "stuck_on_plateau", "diagnosis.kind"] = "x~~"
+    assert "~" not in post_unstable_with_depth(runs)[1]
 
 
 def test_post_ln_that_trains_late_at_depth_is_slower_not_unstable():

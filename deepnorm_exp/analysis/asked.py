@@ -45,10 +45,15 @@ def invocations(study: Optional[Path]) -> list[Invocation]:
         return []
     asked = []
     for start in starts or [{}]:
-        overrides = start.get("overrides") if isinstance(start.get("overrides"), list) else []
-        given = dict(o.lstrip("+~").split("=", 1) for o in overrides if isinstance(o, str) and "=" in o)
+        given = command_line(start)
         asked.append({axis: plain_list(given.get(axis, preset.get(axis))) for axis in AXES})
     return asked
+
+
+def command_line(start: dict) -> dict[str, str]:
+    """A sweep log's start line's overrides as key -> value (none where they cannot be read)."""
+    overrides = start.get("overrides") if isinstance(start.get("overrides"), list) else []
+    return dict(o.lstrip("+~").split("=", 1) for o in overrides if isinstance(o, str) and "=" in o)
 
 
 def numbers(values: Optional[tuple[str, ...]]) -> set[float]:

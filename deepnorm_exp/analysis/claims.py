@@ -249,11 +249,11 @@ CLAIMS = [
     Claim("Post-LN training becomes unstable as depth grows.", STEPS_STUDY,
           "each run trains until it has trained or for ten times the old 300 steps: Post-LN fails (no seed at any "
           "rate trained: diverged, or never within the budget) at the deepest depth and trains at the shallowest, "
-          "where Pre-LN or DeepNorm trains every seed by step 300 at its best rate (else the budget, not the "
-          "scheme, decides); not reproduced where Post-LN trains at every depth, only slower "
+          "while at the deepest Pre-LN or DeepNorm trains every seed by step 300 at its best rate (else the budget, "
+          "not the scheme, decides); not reproduced where Post-LN trains at every depth, only slower "
           "(deepnorm_exp/analysis/steps_to_train.py). Changed from the learning-rate study's 300-step rule, which "
-          "read a plateau left by step 600-900 as a failure; and, after the study's first 96 runs, a failure counts "
-          "only where the rates tried reach below Post-LN's best rate at the nearest shallower depth where it "
+          "read a plateau left by step 600-900 as a failure; and, with the grid's 1e-4 (before its runs), a failure "
+          "counts only where the rates tried reach below Post-LN's best rate at the nearest shallower depth where it "
           "trained (deeper models take lower rates), where Post-LN's only rate that trained at L18 was the grid's "
           "lowest",
           lambda e: steps_to_train.post_unstable_with_depth(e.runs(STEPS_STUDY))),
@@ -282,10 +282,12 @@ CLAIMS = [
     Claim("The same holds for encoder-decoder models (the paper's N-N translation models): Post-LN fails with "
           "depth.", STEPS_ENCDEC, "steps_to_train's rule on N-N encoder-decoders (N = 6, 24, 100; until trained or "
           "3,000 steps): Post-LN fails (no seed at any rate trained) at the deepest depth and trains at the "
-          "shallowest, where Pre-LN or DeepNorm trains every seed by step 300 at its best rate; not reproduced where "
-          "it trains at every depth, only slower; a failure counts only where the rates tried reach below Post-LN's "
-          "best rate at the nearest shallower depth where it trained. Changed from the depth sweep's 300-step rule, "
-          "which read a plateau as a failure; the grid's lower ends after the study's first 36, 54 and 72 runs", lambda e: steps_to_train.post_unstable_with_depth(e.runs(STEPS_ENCDEC))),
+          "shallowest, while at the deepest Pre-LN or DeepNorm trains every seed by step 300 at its best rate; not "
+          "reproduced where it trains at every depth, only slower; a failure counts only where the rates tried "
+          "reach below Post-LN's best rate at the nearest shallower depth where it trained. Changed from the depth "
+          "sweep's 300-step rule, which read a plateau as a failure; each of the grid's lower ends added after runs, "
+          "before its own (the study's section says when)",
+          lambda e: steps_to_train.post_unstable_with_depth(e.runs(STEPS_ENCDEC))),
     Claim("... and DeepNorm trains at every depth (encoder-decoder).", STEPS_ENCDEC, "every DeepNorm seed at its "
           "best rate trains within the budget at every depth",
           lambda e: steps_to_train.deepnorm_trains_everywhere(e.runs(STEPS_ENCDEC))),
@@ -320,7 +322,8 @@ CLAIMS = [
           early.warmup_and_init_hold_post_back),
     Claim("Without warm-up or a proper init, Post-LN's LayerNorm inputs grow large (figure 4(b)(c)).",
           early.STUDY, "18L-18L: the mean LN input's growth within the run, at the window's end over step 0, of "
-          "Post-LN without warm-up is above every seed's of Post-LN with warm-up and of Post-LN-init. Changed "
+          "Post-LN without warm-up is above every seed's of Post-LN with warm-up and of Post-LN-init. The level "
+          "against sqrt(d) (the paper's quantity, at d 512 there and 64 here) is shown beside, not judged. Changed "
           "from levels against DeepNorm near the peak rate, levels Post-LN has from step 0" + OVERLAP_RULE,
           early.post_ln_inputs_grow),
     Claim("... so the gradient vanishes toward Post-LN's bottom layers (figure 4(d)).", early.STUDY,

@@ -10,16 +10,18 @@ import pandas as pd
 from .frontier_law import fit_frontier_law
 from .published import Published, load as load_published
 from .runs import at_one_lr, load_frontier, load_layer_records, load_runs, load_scalars
-from .timing import grid_size, sweep_finished, sweep_settled
+from .escape import md_text
+from .timing import FINAL_OR_FAILED, grid_size, preset_sweeper, sweep_finished, sweep_settled
 from ..lifecycle.summary import load_summaries
 
 
 class Evidence:
     """The records of each study, each kind loaded once: its published records (`runs/<study>/published/`,
-    published.py) where it has them, else its raw run directories (`runs/<study>/`)."""
+    published.py) where it has them, else its raw run directories (`runs/<study>/`); `presets`, each study's
+    preset's sweeper as the checkout holds it now (whether its grid is done: `timing.grid_size`)."""
 
-    def __init__(self, root: str | Path):
-        self.root, self._cache = Path(root), {}
+    def __init__(self, root: str | Path, presets: Callable[[str], Optional[dict]] = preset_sweeper):
+        self.root, self._cache, self.presets = Path(root), {}, presets
 
     def _get(self, kind: str, study: str, load: Callable[[], Any]) -> Any:
         if (kind, study) not in self._cache:
@@ -73,9 +75,16 @@ class Evidence:
         return self._get("frontier_law", study, lambda: fit_frontier_law(self.frontier(study)))
 
     def so_far(self, study: str) -> str:
-        """"N of M runs so far": what an unfinished sweep has recorded, of the preset's grid where it is known."""
-        n, grid = len(self.runs(study)), grid_size(self.study_dir(study))
-        return f"{n}{f' of {grid}' if grid else ''} run{'' if (grid or n) == 1 else 's'} so far"
+        """"N of M runs so far": what an unfinished sweep has recorded, of the preset's grid where it is known,
+        and which of them have not ended (stopped, or still running: a record that says so is not a result)."""
+        runs = self.runs(study)
+        n, grid = len(runs), grid_size(self.study_dir(study), self.presets(study))
+        text = f"{n}{f' of {grid}' if grid else ''} run{'' if (grid or n) == 1 else 's'} so far"
+        stopped = runs[~runs["status"].isin(FINAL_OR_FAILED)] if "status" in runs else runs.iloc[:0]
+        if stopped.empty:
+            return text
+        named = ", ".join(_stopped(row) for row in stopped.head(3).to_dict("records"))
+        return text + f", {len(stopped)} not ended: {named}{', ...' if len(stopped) > 3 else ''}"
 
     def settled(self, study: str) -> bool:
         """Nothing of it is running or was left stopped, though a sweep may have run part of the preset's grid
@@ -85,6 +94,12 @@ class Evidence:
     def finished(self, study: str) -> bool:
         """Its sweep's latest invocation ended, every run is final and the preset's grid is done
         (`timing.sweep_finished`)."""
-        return self._get("finished", study, lambda: sweep_finished(self.study_dir(study), self.runs(study)))
+        return self._get("finished", study, lambda: sweep_finished(self.study_dir(study), self.runs(study),
+                                                                   self.presets(study)))
 
 
+def _stopped(run: dict) -> str:
+    """"deepnorm-L500-s0 interrupted at step 685" (record values, escaped)."""
+    step = run.get("steps_completed")
+    at = f" at step {int(step)}" if isinstance(step, (int, float)) and pd.notna(step) else ""
+    return f"{md_text(run.get('run_name', '?'))} {md_text(run['status'])}{at}"

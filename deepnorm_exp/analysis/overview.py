@@ -26,6 +26,9 @@ def records_span(evidence: Evidence) -> str:
     return f", made on {first}" if first == last else f", made from {first} to {last}"
 
 
+LONG_BUDGET = 1000  # steps: the budgets that let a run train (steps_to_train's 3,000, the real text's 3,000)
+
+
 def setting_text(evidence: Evidence) -> str:
     """The scale the verdicts are drawn at and what "trained" means, read from the records."""
     studies = [evidence.runs(s.name) for s in STUDIES if not evidence.runs(s.name).empty]
@@ -35,7 +38,12 @@ def setting_text(evidence: Evidence) -> str:
     widths = sorted({int(w) for w in pd.to_numeric(config_by_run(runs, "model.d_model"), errors="coerce").dropna()})
     devices = sorted(set(runs["device"].dropna().astype(str).str.split(":").str[0])) if "device" in runs else []
     diverged = int((runs["status"] == "diverged").sum())
-    untrained = int(((runs["status"] == "completed") & ~runs["trained"].fillna(False).astype(bool)).sum())
+    untrained = (runs["status"] == "completed") & ~runs["trained"].fillna(False).astype(bool)
+    steps = pd.to_numeric(runs.get("steps", pd.Series(index=runs.index, dtype=float)), errors="coerce")
+    long = steps >= LONG_BUDGET
+    short = steps[untrained & ~long].dropna()  # the untrained runs of short budgets (none recorded: in neither)
+    spans = (f" of {int(short.min()):,}" + (f"-{int(short.max()):,}" if short.max() > short.min() else "")
+             + " steps") if len(short) else ""
     unknown = int(runs["optimal_loss"].isna().sum()) if "optimal_loss" in runs else 0
     data = (" on the synthetic language, whose optimal loss is known (docs/models-and-data.md)" if not unknown else
             f": {len(runs) - unknown} on the synthetic language, whose optimal loss is known (docs/models-and-data.md), "
@@ -45,8 +53,11 @@ def setting_text(evidence: Evidence) -> str:
             f"*trained* when it closed at least {TRAINED_FRACTION:.0%} of the gap from the unigram loss (token "
             "frequencies only) to that optimum; "
             "a scheme that \"fails\" or is \"unstable\" here did not train or diverged: of these runs "
-            f"{untrained} completed without training and {diverged} diverged. Each study's width, depths, steps and "
-            "rate are in its preset (docs/configuration.md, Presets).")
+            f"{int(untrained.sum())} completed without training ({int((untrained & long).sum())} of the "
+            f"{int(long.sum())} with a budget of {LONG_BUDGET:,} steps or more; the rest are shorter runs{spans}, the "
+            "mechanism studies' early windows and the sweeps too short to tell a slow run from a failing one) and "
+            f"{diverged} diverged. Each study's width, depths, steps and rate are in its preset (docs/configuration.md, "
+            "Presets).")
 
 
 CODE_COLUMNS = ["study", "runs", "records", "code", "subnormals", "commands"]

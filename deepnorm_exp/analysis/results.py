@@ -21,9 +21,11 @@ from ..locks import FileLock
 from . import published
 from .blocks import generated_blocks, update_blocks
 from .evidence import Evidence
+from .grid_history import grid_history
 from .lr_study import TUNING, write_tuned_rates
 from .overview import claims_table, code_table, records_span, setting_text, times_table
 from .page import FIGURE_DIR, Page, markdown_table
+from .timing import preset_sweeper
 from .studies import STUDIES
 
 
@@ -61,6 +63,8 @@ def build_results(root: str | Path, out: str | Path, evidence: Optional[Evidence
                      f"its run directories, `python -m deepnorm_exp.analysis.published --restore runs/{study.name}` "
                      "writes them back, and the same command continues it): what follows is partial, and the claims "
                      "it tests wait for the rest.")
+        if grown := grid_history(evidence.runs(study.name), evidence.study_dir(study.name)):
+            page.add(grown)
         study.section(page, evidence, study.name)
     path = out / "results.md"
     records.write_text(path, "\n".join(page.lines).rstrip() + "\n")
@@ -110,6 +114,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                         "from the same records")
     parser.add_argument("--conf", help="the config directory whose tuned_lr/<study>.yaml to write from the "
                         "learning-rate studies' records (conf/)")
+    parser.add_argument("--records-only", action="store_true",
+                        help="whether a study's sweep is done, from its records alone (its sweep log and "
+                        "multirun.yaml), not from the checkout's presets: a grid the preset gained after its last "
+                        "sweep otherwise counts as not yet run")
     parser.add_argument("--allow-missing", action="store_true",
                         help="rewrite the page even where the records hold fewer runs of a study than it shows")
     args = parser.parse_args(argv)
@@ -133,7 +141,8 @@ def write(args: argparse.Namespace) -> None:
         for study in STUDIES:
             if (Path(args.root) / study.name).is_dir():
                 published.pack(Path(args.root) / study.name)
-        evidence = Evidence(args.root)  # every record read once, for the page and the README alike
+        # every record read once, for the page and the README alike
+        evidence = Evidence(args.root, presets=(lambda name: None) if args.records_only else preset_sweeper)
         for study in STUDIES:
             evidence.published(study.name)
         _write(args, evidence)

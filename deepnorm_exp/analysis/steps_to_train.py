@@ -24,10 +24,10 @@ the deepest; not reproduced when Post-LN trains at every depth (then the numbers
 not testable when no other scheme trains early at the deepest depth (the budget, not the scheme, decides)
 or when Post-LN fails at the shallowest depth too; the data cannot tell (cannot_tell.py) when the rates tried at
 the deepest depth reach no lower than its best rate at the nearest shallower depth where it trained
-(`below_its_range`, added after the study's first 96 runs: a deeper model takes a lower rate, and Post-LN's only
-rate that trained at L18 was the grid's lowest), or when Post-LN fails at a depth between and trains at the
-deepest. "DeepNorm trains at every depth": every DeepNorm seed at its best rate trained within the budget at
-every depth. Records these rules cannot read (`unreadable`: a crashed run, runs of two budgets) make every claim
+(`below_its_range`, added with the grid's 1e-4, before its runs: a deeper model takes a lower rate, and
+Post-LN's only rate that trained at L18 was the grid's lowest), or when Post-LN fails at a depth between and
+trains at the deepest. "DeepNorm trains at every depth": every DeepNorm seed at its best rate trained within
+the budget at every depth. Records these rules cannot read (`unreadable`: a crashed run, runs of two budgets) make every claim
 that reads them not testable, saying why.
 """
 
@@ -40,10 +40,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .cannot_tell import CANNOT_TELL, Met
+from .escape import md_text
 from .page import Page, Study, charted, markdown_table, unmeasured_note
 from .plots import NORM_NAMES, depth_axis, empty, norm_colors, norms_in
 from .runs import config_column, outcomes
 from .tables import counted
+from ..lifecycle.summary import TRAINED_FRACTION
 
 if TYPE_CHECKING:
     from .evidence import Evidence
@@ -135,7 +137,7 @@ def at_long_budget(ran: pd.DataFrame, norm: str, depth: int, finished: bool) -> 
     if not finished:
         return f"none of its {len(of)} runs at the long budget has trained so far (the sweep has not finished)"
     return (f"trains at no rate ({of['lr'].min():.3g} to {of['lr'].max():.3g}) within {int(of['budget'].max()):,} "
-            f"steps ({len(of)} runs: {counted(of['why'])})")
+            f"steps ({len(of)} runs: {md_text(counted(of['why']))})")  # diagnosis kinds: record values
 
 
 def fails(cells: pd.DataFrame, norm: str, depth: int) -> bool:
@@ -159,6 +161,17 @@ def below_its_range(cells: pd.DataFrame, best: pd.DataFrame, norm: str, depth: i
             f"is no lower than its best rate at L{nearest['depth']} ({nearest['lr']:.3g}): a lower rate may train")
 
 
+def how_far(runs: pd.DataFrame, norm: str, depth: int) -> str:
+    """How far the runs of a failed cell got: how many diverged, and the largest share of the gap any closed
+    (a run that learned 4% by the budget is slow, not stuck: the reader sees which)."""
+    of = runs[(runs["norm"] == norm) & (runs["depth"] == depth)]
+    diverged = int(of["status"].eq("diverged").sum())
+    learned = pd.to_numeric(of.get("learned_fraction", pd.Series(dtype=float)), errors="coerce").dropna()
+    most = f", the most any closed {learned.max():.1%} of the unigram-to-optimal gap ({TRAINED_FRACTION:.0%} " \
+           "trains)" if len(learned) else ""
+    return f"{diverged or 'none'} of its {len(of)} runs diverged{most}"
+
+
 def trains_early(best: pd.DataFrame, norm: str, depth: int) -> bool:
     """Every seed of `norm` at its best rate trained by SHORT_BUDGET at `depth`."""
     row = best[(best["norm"] == norm) & (best["depth"] == depth)]
@@ -170,7 +183,7 @@ def describe(best: pd.DataFrame, norm: str) -> str:
     parts = []
     for row in best[best["norm"] == norm].itertuples():
         median = "none" if np.isnan(row.median) else f"{row.median:.0f}"
-        failed = f": {row.not_trained}" if row.not_trained else ""
+        failed = f": {md_text(row.not_trained)}" if row.not_trained else ""  # diagnosis kinds: record values
         parts.append(f"L{row.depth} {median} ({row.by_budget}/{row.seeds} by {row.budget}{failed})")
     return f"{norm}: " + ", ".join(parts)
 
@@ -196,7 +209,8 @@ def post_unstable_with_depth(runs: pd.DataFrame) -> tuple[Met, str]:
     if fails(cells, "post", deepest) and (grid := below_its_range(cells, best, "post", deepest)):
         return CANNOT_TELL, text + f" ({grid}: the data cannot tell)"
     if fails(cells, "post", deepest):
-        return True, text + f" (Post-LN fails at L{deepest}: no seed at any rate trained)"
+        how = how_far(runs, "post", deepest)
+        return True, text + f" (Post-LN fails at L{deepest}: no seed at any rate trained; {how})"
     return CANNOT_TELL, text + " (Post-LN fails at a depth between, not at the deepest: the data cannot tell)"
 
 
@@ -262,14 +276,12 @@ def steps_dashboard(evidence: Evidence, name: str) -> dict[str, pd.DataFrame]:
 
 
 DECODER = Study("steps_to_train", "Slow or unstable: steps to train against depth",
-                "Post-LN, Pre-LN and DeepNorm at depths 6-100, rates 3e-4 to 1e-2 (the first 96 runs) and 1e-4 "
-                "(added after them), two seeds, each run trained until it has trained or for 3,000 steps (ten times "
-                "the other studies' 300); steps-to-train read with censoring (the rules: "
-                "deepnorm_exp/analysis/steps_to_train.py).", steps_section, dashboard=steps_dashboard)
+                "Post-LN, Pre-LN and DeepNorm at depths 6-100, rates 1e-4 to 1e-2, two seeds, each run trained "
+                "until it has trained or for 3,000 steps (ten times the other studies' 300); steps-to-train read "
+                "with censoring (the rules: deepnorm_exp/analysis/steps_to_train.py).", steps_section, dashboard=steps_dashboard)
 ENCDEC = Study("steps_to_train_encdec", "Slow or unstable, encoder-decoder",
-               "The same on N-N encoder-decoders and the synthetic translation task, N = 6, 24, 100, rates 1e-3 and "
-               "3e-3 (the first 36 runs), 3e-4 (added after them), 1e-4 (after the first 54) and 3e-5 (after the "
-               "first 72), two seeds, until trained or 3,000 steps.",
+               "The same on N-N encoder-decoders and the synthetic translation task, N = 6, 24, 100, rates 3e-5 to "
+               "3e-3, two seeds, until trained or 3,000 steps.",
                steps_section, dashboard=steps_dashboard)
 FP16 = Study("precision_fp16", "Mixed precision, as the paper trained",
              "Post-LN and DeepNorm at depths 18 and 50 in fp16 with dynamic loss scaling, lr 1e-3, two seeds, "

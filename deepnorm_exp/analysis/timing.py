@@ -10,6 +10,7 @@ counted there. Worker time is the sum of the runs' `wall_s` (which spans a run's
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Optional
 import pandas as pd
 
 from .. import records
+from ..config import CONF_DIR
 from .escape import md_code, md_text
 from ..rundir import StudyDir
 from ..lifecycle.summary import FINAL
@@ -80,6 +82,7 @@ def _union_seconds(intervals: list[tuple[datetime.datetime, datetime.datetime]])
 
 
 CHECKED_GRID = "CheckedSweeper"  # the basic sweeper's grid behind the pre-flight (the frontier's bisection is not one)
+GRIDS = (CHECKED_GRID, "BasicSweeper")  # a preset composed outside the app names Hydra's; a sweep runs it checked
 
 
 def sweeper_setting(study: Path, key: str, default):
@@ -94,21 +97,46 @@ def sweeper_setting(study: Path, key: str, default):
     return node
 
 
-def grid_size(experiment_dir: str | Path) -> Optional[int]:
-    """How many jobs the preset's grid holds, from the sweep's multirun.yaml: hydra.sweeper.params as the
-    preset set them (a command line that narrows an axis, `depth=18,6`, leaves them and changes only
-    hydra.overrides). None where the sweeper is not the checked grid, an axis is not a plain comma list
-    (range(), choice()), or the record is missing or damaged (the pack refuses a damaged one)."""
+def grid_size(experiment_dir: str | Path, preset: Optional[dict] = None) -> Optional[int]:
+    """How many jobs the preset's grid holds: the larger of the sweep's multirun.yaml (hydra.sweeper.params as
+    the preset set them when it last ran: a command line that narrows an axis, `depth=18,6`, leaves them and
+    changes only hydra.overrides) and `preset`, the preset's sweeper as the checkout composes it now (a grid
+    that gained rates after its last sweep, before their runs, has not finished: `preset_sweeper`). None where
+    the sweeper is not the checked grid, an axis is not a plain comma list (range(), choice()), or neither
+    can be read (the pack refuses a damaged record)."""
     try:
-        target, params = (sweeper_setting(Path(experiment_dir), key, None) for key in ("_target_", "params"))
+        recorded = {key: sweeper_setting(Path(experiment_dir), key, None) for key in ("_target_", "params")}
     except (ValueError, OSError):
-        return None
-    if not str(target).endswith(CHECKED_GRID) or not isinstance(params, dict):
+        recorded = {}
+    sizes = [size for sweeper in (recorded, preset or {}) if (size := _grid(sweeper)) is not None]
+    return max(sizes, default=None)
+
+
+def _grid(sweeper: dict) -> Optional[int]:
+    target, params = sweeper.get("_target_"), sweeper.get("params")
+    if not str(target).endswith(GRIDS) or not isinstance(params, dict):
         return None
     axes = [str(values) for values in params.values()]
     if any("(" in values for values in axes):
         return None
     return math.prod(len(values.split(",")) for values in axes)
+
+
+@functools.lru_cache(maxsize=None)
+def preset_sweeper(name: str) -> Optional[dict]:
+    """conf/experiment/<name>.yaml's hydra.sweeper as the checkout composes it now; None where no such preset
+    (a study directory named after none) or it does not compose."""
+    if not (CONF_DIR / "experiment" / f"{name}.yaml").is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    from ..compose import compose_with_hydra
+    from ..errors import ConfigError
+    try:
+        cfg = compose_with_hydra([f"experiment={name}"])
+    except ConfigError:
+        return None
+    return OmegaConf.to_container(cfg.hydra.sweeper, resolve=False)
 
 
 def sweep_settled(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
@@ -129,11 +157,11 @@ def sweep_settled(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
     return any(line["event"] == "end" and line.get("id") == last.get("id") for line in after)
 
 
-def sweep_finished(experiment_dir: str | Path, runs: pd.DataFrame) -> bool:
+def sweep_finished(experiment_dir: str | Path, runs: pd.DataFrame, preset: Optional[dict] = None) -> bool:
     """The experiment's runs are the whole of what it was asked: settled (`sweep_settled`), and as many as the
     preset's grid holds (`grid_size`, where it can be read), so a sweep narrowed on the command line
     (`depth=18,6`) has not finished its preset."""
-    grid = grid_size(experiment_dir)
+    grid = grid_size(experiment_dir, preset)
     return sweep_settled(experiment_dir, runs) and (grid is None or len(runs) >= grid)
 
 

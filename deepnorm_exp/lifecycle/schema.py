@@ -19,7 +19,8 @@ from ..constant_roles import LEGACY_NAMES, ROLES
 
 # The names that are shown on pages and joined into file paths: a run's directory name (rundir.py writes
 # [A-Za-z0-9_.=+-] and "~"), a scheme's, a diagnosis kind, a device ("cuda:0"). None holds a character
-# that Markdown or HTML would read as syntax, or a path separator.
+# that HTML would read as syntax, or a path separator; "~~" and a word-edge "_" are Markdown's (strikethrough,
+# emphasis), so a name composed into Markdown still goes through escape.md_text.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=+~-]{0,199}")
 STATUSES = ("completed", "diverged", "failed", "interrupted")  # what summary.json says (lifecycle/run.py)
 MAX_TEXT = 10_000  # characters of a free-text field (an error, a diagnosis's evidence)
