@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -108,6 +109,12 @@ def cli():
 HOOKS = REPO / "tests" / "hooks"
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """A command started from a terminal acts on Ctrl-C; one that a non-interactive shell put in the background
+    (`make test &`) inherits SIGINT ignored, and so would the run a test starts, which then finishes instead."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class PausedRun:
     """`python -m deepnorm_exp <args>` that stops at the end of training step `step` (before any callback
     sees it) until `resume()`: the test acts at a known point instead of racing the run (tests/hooks)."""
@@ -119,7 +126,8 @@ class PausedRun:
         env = child_env(PYTHONPATH=path, DEEPNORM_TEST_PAUSE_AT=str(step), DEEPNORM_TEST_PAUSE_DIR=str(self.directory),
                         **(env_extra or {}))
         self.proc = subprocess.Popen([sys.executable, "-m", "deepnorm_exp", *args], cwd=REPO, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=ctrl_c_as_in_a_terminal)
 
     def wait_paused(self, timeout: float = 300) -> int:
         """The pid of the process that paused (a launcher's worker may be another process than ours)."""

@@ -13,6 +13,7 @@ from deepnorm_exp.analysis.claims import NOT_RUN, NOT_TESTABLE, REPRODUCED, NOT_
 from deepnorm_exp.analysis.blocks import update_blocks
 from deepnorm_exp.analysis.page import markdown_table
 from deepnorm_exp.analysis.results import build_results
+from hydra_plugins.deepnorm_exp_frontier._hydra_internals import BASIC_SWEEPER
 from deepnorm_exp.analysis.timing import duration, grid_size, preset_time, sweep_finished, sweep_settled
 
 
@@ -395,7 +396,7 @@ def test_a_sweep_narrowed_on_the_command_line_has_not_run_the_presets_grid(tmp_p
     assert sweep_settled(tmp_path, pd.DataFrame({"status": ["completed"] * 18}))
     assert sweep_finished(tmp_path, pd.DataFrame({"status": ["completed"] * 27}))
     # a preset that gained a value after its last sweep (its rates committed before their runs) has not finished
-    grown = {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+    grown = {"_target_": BASIC_SWEEPER,
              "params": {"depth": "50,18,6", "norm": "post,pre,deepnorm", "seed": "1,2,3,4"}}
     assert grid_size(tmp_path, grown) == 36
     assert not sweep_finished(tmp_path, pd.DataFrame({"status": ["completed"] * 27}), grown)
