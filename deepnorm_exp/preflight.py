@@ -289,6 +289,35 @@ def check_records(jobs: Sequence[Job], concurrent: int = 1) -> str:
     return f"pre-flight: {len(jobs)} job{'s' if len(jobs) != 1 else ''} checked; {said}"
 
 
+class UnrestoredRuns(HarnessError):
+    """A command would train again runs that its study's published records hold: one line, exit 2."""
+
+    exit_status = 2
+
+
+def check_published(jobs: Sequence[Job]) -> None:
+    """A fresh clone holds a study's published records and none of its run directories: continuing its sweep
+    there before restoring them would train every published run again (hours, and the new runs replace the
+    published ones). Refused, naming the restore; resume=false asks to train them again."""
+    from .analysis.published import ended_run_names, published_dir
+
+    published: dict[Path, set[str]] = {}
+    unrestored: dict[Path, int] = {}
+    for job in jobs:
+        if not (job.fixed and job.cfg.resume) or job.run_dir.exists():
+            continue
+        study = job.run_dir.parent
+        if study not in published:
+            published[study] = ended_run_names(study) if study.is_dir() else set()
+        if job.run_dir.name in published[study]:
+            unrestored[study] = unrestored.get(study, 0) + 1
+    for study, count in unrestored.items():  # the first study says it: a sweep writes into one
+        raise UnrestoredRuns(f"{study}: {count} of this command's {len(jobs)} runs ended in its published records "
+                             f"({published_dir(study)}) and have no run directory here, so they would train again: "
+                             f"restore them first, python -m deepnorm_exp.analysis.published --restore {study} "
+                             "(or resume=false to train them again)")
+
+
 def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tuple[list[Job], bool]:
     """Compose and check every job `python -m deepnorm_exp <argv>` would launch (where the jobs run on this
     machine, also its device and memory), and that no job would take over a run directory trained with
@@ -312,12 +341,14 @@ def preflight(argv: Sequence[str], task_function: Callable | None = None) -> tup
                 raise composition_error(e, command.overrides) from None
             job = composed(cfg, hydra_node, override_dirname, launched=False)
             checked = [check_job(command.overrides, job, True)]
+            check_published(checked)
             print(check_records(checked), file=sys.stderr, flush=True)
             return checked, False
         master = command.compose(command.overrides, RunMode.MULTIRUN)
         jobs, fixed = planned_jobs(command, master, task_function)
         compose_job = JobComposer(command, master)
         checked = [check_job(job, compose_job(job), fixed) for job in jobs]
+        check_published(checked)
         print(check_records(checked, concurrent_runs(master.hydra.launcher, len(checked))), file=sys.stderr, flush=True)
         if master.hydra.sweeper.get("_target_") == BASIC_SWEEPER:
             _checked.update(tuple(job.overrides) for job in checked)

@@ -5,6 +5,7 @@ is what Hydra's launcher composes (compared here with Hydra's `load_sweep_config
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def test_each_jobs_config_is_what_hydras_launcher_composes():
         assert len(compose_job.bases) == 2  # one Hydra composition per norm, not one per job
 
 
-def test_a_large_sweep_is_composed_a_few_times_not_once_per_job(monkeypatch):
+def test_a_large_sweep_is_composed_a_few_times_not_once_per_job(monkeypatch, tmp_path):
     """The 54 jobs of paper_depth_sweep: Hydra composes the mode, the master config and one config per
     norm (the work the check does, not its time: `make bench` section startup measures that)."""
     from hydra_plugins.deepnorm_exp_frontier._hydra_internals import ConfigLoaderImpl
@@ -81,7 +82,7 @@ def test_a_large_sweep_is_composed_a_few_times_not_once_per_job(monkeypatch):
     original = ConfigLoaderImpl.load_configuration
     monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
                         lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
-    jobs, multirun = preflight(["experiment=paper_depth_sweep", "-m"])
+    jobs, multirun = preflight(["experiment=paper_depth_sweep", f"paths.runs={tmp_path}", "-m"])
     assert multirun and len(jobs) == 54 and len({job.run_dir for job in jobs}) == 54
     assert len(calls) == 2 + 3
 
@@ -357,3 +358,31 @@ def test_each_preflight_checks_its_own_jobs_and_a_single_run_trains_in_this_proc
     assert not any(was_checked(job.overrides) for job in basic)  # an earlier command's checks do not carry over
     # not a sweep: the launcher's 8 tasks per node do not apply to it (it trains here, on one process)
     preflight(["hydra/launcher=slurm_multigpu", *args, "train.batch_size=4"])
+
+
+def test_a_sweep_in_a_checkout_without_its_published_runs_is_refused_until_they_are_restored(tmp_path):
+    """A fresh clone holds runs/<study>/published/ and no run directories: the sweep would train the published
+    runs again (a session did: 4 runs, 1.3 hours). Refused in one line naming the restore; after it, the
+    sweep runs only what is new; resume=false still trains them again."""
+    from deepnorm_exp.analysis import published
+    from deepnorm_exp.preflight import UnrestoredRuns
+
+    sweep = ["-m", "seed=0,1", *TINY, f"paths.runs={tmp_path}", "logger=none"]
+    jobs, _ = preflight(sweep)
+    for job in jobs:  # the runs as the sweep would have written them, packed as `make results` does
+        job.run_dir.mkdir(parents=True)
+        (job.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(job.cfg, resolve=True))
+        (job.run_dir / "summary.json").write_text(json.dumps({
+            "norm": job.cfg.norm.name, "depth": job.cfg.depth, "seed": job.cfg.seed, "status": "completed", "trained": True, "eval_loss": 3.0, "initial_eval_loss": 6.0, "steps": 10,
+            "run_name": job.run_dir.name, "experiment": job.run_dir.parent.name, "wall_s": 1.0,
+            "started_at": "2026-12-01T10:00:00+00:00", "finished_at": "2026-12-01T10:00:01+00:00"}))
+        (job.run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    study = jobs[0].run_dir.parent
+    published.pack(study)
+    shutil.rmtree(jobs[1].run_dir)  # one of two restored: the other would train again
+    with pytest.raises(UnrestoredRuns, match=r"1 of this command's 2 runs ended .* --restore ") as refused:
+        preflight(sweep)
+    assert refused.value.exit_status == 2 and "\n" not in str(refused.value)
+    assert preflight([*sweep, "resume=false"])  # asked to train them again
+    assert published.restore(study) == (1, 0)
+    assert len(preflight([*sweep, "seed=0,1,2"])[0]) == 3  # a new seed is not in the published records

@@ -271,6 +271,16 @@ def commits(starts: list[dict], stated: Optional[str]) -> list[dict]:
     return out
 
 
+def ended_run_names(study_dir: Path) -> set[str]:
+    """The names of the runs that ended in `study_dir`'s published records (those `restore` writes back), none
+    where it has no published records; damaged ones raise PublishError."""
+    packed = load(study_dir)
+    if packed is None:
+        return set()
+    return {row.run_name for row in packed.table("runs").itertuples()
+            if records.loads(row.summary).get("status") in FINAL}
+
+
 def restore(study_dir: Path) -> tuple[int, int]:
     """Write the published runs of `study_dir` back as run directories (config.yaml, summary.json,
     metrics.jsonl, events.jsonl, layers/), and the sweep's own files beside them, so that `pack` gives the
