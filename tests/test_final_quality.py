@@ -153,3 +153,9 @@ def test_a_loser_whose_tuning_grid_cannot_be_read_is_not_testable():
     one_rate = tuned({("deepnorm", 6): (1e-3,), ("pre", 6): (1e-3,), ("deepnorm", 18): (1e-3,), ("pre", 18): (1e-3,)})
     assert final.ends_better("deepnorm", "pre")(evidence(**{f"runs_{final.STUDY}": runs(BETTER),
                                                             f"runs_{final.TUNING}": one_rate}))[0] is None
+
+
+def test_the_table_prints_mean_se_and_seeds_and_no_standard_error_for_one_seed():
+    table = final.final_table(evidence(**{f"runs_{final.STUDY}": runs({("pre", 6): (1.60, 1.62, 1.64),
+                                                                      ("pre", 50): (1.53,)})}))
+    assert table.loc["pre", 6] == "1.620 ± 0.012 (3)" and table.loc["pre", 50] == "1.530 (1)"

@@ -48,6 +48,32 @@ def test_packing_fewer_runs_than_are_published_is_refused_and_no_raw_runs_leave_
     assert published.load(study).runs()["eval_loss"].tolist() == [3.0, 3.0, 3.0]
 
 
+def test_a_restored_study_whose_stopped_run_has_not_trained_again_packs_with_that_run_carried_over(tmp_path):
+    """restore leaves out a run that had not ended (it trains again from the start); packing then must neither
+    refuse (make results would stop for every study) nor drop the record of how far that run got."""
+    study = tmp_path / "encdec_1000l"
+    fake_run(study, "pre-L6-s0")
+    fake_run(study, "pre-L6-s1", status="interrupted", loss=4.5)
+    published.pack(study)
+    shutil.rmtree(study / "pre-L6-s0")
+    shutil.rmtree(study / "pre-L6-s1")
+    assert published.restore(study) == (1, 1)
+    published.pack(study)
+    packed = published.load(study)
+    assert sorted(packed.table("runs")["run_name"]) == ["pre-L6-s0", "pre-L6-s1"]
+    assert packed.runs().set_index("run_name")["status"].to_dict() == {"pre-L6-s0": "completed",
+                                                                       "pre-L6-s1": "interrupted"}
+    assert set(packed.table("scalars")["run_name"]) == {"pre-L6-s0", "pre-L6-s1"}
+    assert packed.manifest["runs"] == 2
+    fake_run(study, "pre-L6-s1", loss=3.5)  # the sweep trains it again: its new records replace the old
+    published.pack(study)
+    assert published.load(study).runs().set_index("run_name")["eval_loss"].to_dict() == {"pre-L6-s0": 3.0,
+                                                                                         "pre-L6-s1": 3.5}
+    shutil.rmtree(study / "pre-L6-s0")  # an ended run missing is still refused
+    with pytest.raises(published.PublishError, match="hold 2 runs and only 1 are here"):
+        published.pack(study)
+
+
 def test_a_stated_commit_is_recorded_as_stated_and_kept_when_packed_again(tmp_path):
     study = tmp_path / "s"
     fake_run(study, "pre-L6-s0")

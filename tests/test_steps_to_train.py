@@ -97,6 +97,10 @@ def test_post_ln_that_never_trains_at_depth_while_the_others_train_early_fails()
     runs.loc[(runs["norm"] == "post") & (runs["depth"] == 100), "learned_fraction"] = [0.02, -0.01, 0.041, 0.0]
     assert post_unstable_with_depth(runs)[1].endswith(
         "2 of its 4 runs diverged, the most any closed 4.1% of the unigram-to-optimal gap (10% trains))")
+    # runs that ended a hair above the unigram loss closed none of the gap: said in words, not as "-0.1%"
+    runs.loc[(runs["norm"] == "post") & (runs["depth"] == 100), "learned_fraction"] = [-0.0012, -0.003, -0.02, -0.001]
+    assert post_unstable_with_depth(runs)[1].endswith(
+        "2 of its 4 runs diverged, none closed any of the unigram-to-optimal gap (the most: -0.1%))")
     # a diagnosis kind is a record's value: the name rule lets "~" through, which GitHub reads as strikethrough
     runs.loc[runs["diagnosis.kind"] == "stuck_on_plateau", "diagnosis.kind"] = "x~~"
     assert "~" not in post_unstable_with_depth(runs)[1]

@@ -252,7 +252,8 @@ CLAIMS = [
           "while at the deepest Pre-LN or DeepNorm trains every seed by step 300 at its best rate (else the budget, "
           "not the scheme, decides); not reproduced where Post-LN trains at every depth, only slower "
           "(deepnorm_exp/analysis/steps_to_train.py). Changed from the learning-rate study's 300-step rule, which "
-          "read a plateau left by step 600-900 as a failure; and, with the grid's 1e-4 (before its runs), a failure "
+          "read a plateau left by step 600-900 as a failure; and, after its first 96 runs, with the grid's 1e-4 "
+          "(before the 1e-4 runs), a failure "
           "counts only where the rates tried reach below Post-LN's best rate at the nearest shallower depth where it "
           "trained (deeper models take lower rates), where Post-LN's only rate that trained at L18 was the grid's "
           "lowest",
@@ -265,8 +266,9 @@ CLAIMS = [
           "DeepNorm's mean final eval loss is below Pre-LN's by Welch's t-test, one-sided, at 5% (t standard "
           "errors of the difference, t 2.1-2.9 with three seeds); not reproduced where Pre-LN's is below "
           "DeepNorm's by the same test at a depth, and a difference within it cannot tell (as the preset states; "
-          "the code read it as not reproduced until 2026-12-06, before the runs at depth 50 and any published "
-          "verdict of the study); where the side that lost was tuned at an end of "
+          "the code read it as not reproduced until 2026-12-06, before the runs at depth 50; no landed page carried "
+          "a verdict of the study: one commit of 2026-12-04 showed three, withdrawn within the hour); where the "
+          "side that lost was tuned at an end of "
           "text_lr's grid, its optimum may lie beyond it: the data cannot tell (added before the runs at depth "
           "50). Decoders on bytes, where the paper's models are encoder-decoders on translation. "
           "Changed from the synthetic language's budget study, nearly solved at depth 6",

@@ -13,8 +13,9 @@ The rules, fixed before the study's runs (conf/experiment/text_final.yaml says t
   of the means, SE = sqrt(s_A^2 / n_A + s_B^2 / n_B) (s the seeds' standard deviation), t Student's quantile at
   CONFIDENCE (one-sided) on Welch's degrees of freedom: Welch's t-test at 5%. With three seeds a side t is
   2.1-2.9 (2 SE alone would be a 6-9% test). A difference within that cannot tell them apart (CANNOT_TELL, as
-  conf/experiment/text_final.yaml states; until 2026-12-06, before the runs at depth 50 and before any verdict
-  of the study was published, the code read it as "not reproduced"). A claim over depths holds when it holds at
+  conf/experiment/text_final.yaml states; until 2026-12-06, before the runs at depth 50, the code read it as
+  "not reproduced"; no landed page carried a verdict of the study, though commit 962ed42 showed three, withdrawn
+  83 minutes later by 4819741, the sweep not being finished). A claim over depths holds when it holds at
   every depth judged, and is not reproduced where B is shown below A at a depth.
 * "Post-LN, where it trains": at the depths where every Post-LN run ended and trained (summary.trained).
 * "DeepNorm keeps improving as the model goes deeper" (figure 6): each deeper depth's mean below the one before,
@@ -176,9 +177,13 @@ def final_table(e: Evidence) -> pd.DataFrame:
     losses = _losses(e)
     if losses.empty:
         return pd.DataFrame()
-    cells = losses.groupby(["norm", "depth"])["loss"].apply(
-        lambda s: "{:.3f} ± {:.3f} ({})".format(*_stats(s)))
-    return cells.unstack("depth")
+    return losses.groupby(["norm", "depth"])["loss"].apply(_cell).unstack("depth")
+
+
+def _cell(losses: pd.Series) -> str:
+    """"mean ± SE (n)"; one seed has no standard error, so none is printed (not "± nan")."""
+    mean, se, n = _stats(losses)
+    return f"{mean:.3f}" + (f" ± {se:.3f}" if n > 1 else "") + f" ({n})"
 
 
 def final_section(page: Page, evidence: Evidence, name: str) -> None:

@@ -205,7 +205,8 @@ def _pack(study_dir: Path, allow_fewer: bool, stated_commit: Optional[str]) -> O
         raise PublishError(f"{study_dir}: {len(training)} run(s) are being trained now ({training[0]}, ...); "
                            "pack when the sweep has ended or been stopped")
     old = load(study_dir)
-    if old is not None and len(old.table("runs")) > len(raw) and not allow_fewer:
+    carried = unended_elsewhere(old, {d.name for d, _ in raw})
+    if old is not None and len(old.table("runs")) > len(raw) + len(carried) and not allow_fewer:
         raise PublishError(f"{study_dir}: the published records hold {len(old.table('runs'))} runs and only "
                            f"{len(raw)} are here; packing would drop the others (run the rest of the sweep, or "
                            "allow_fewer)")
@@ -219,10 +220,13 @@ def _pack(study_dir: Path, allow_fewer: bool, stated_commit: Optional[str]) -> O
                               "config": [records.dumps(c) for _, (_, c) in raw]}),
         "scalars": load_scalars(runs), "layers": load_layer_records(runs), "events": load_events(runs),
     }
+    if carried:
+        tables = {name: pd.concat([frame, _rows_of(old.table(name), carried)], ignore_index=True)
+                  for name, frame in tables.items()}
     directory = published_dir(study_dir)
     staging = Path(tempfile.mkdtemp(prefix=f".{StudyDir.PUBLISHED}.tmp.", dir=study_dir))  # its own: packs may overlap
     try:
-        _write_published(staging, study_dir, raw, tables, stated_commit)
+        _write_published(staging, study_dir, tables, stated_commit)
         old_dir = Path(tempfile.mkdtemp(prefix=f".{StudyDir.PUBLISHED}.old.", dir=study_dir))
         if directory.exists():
             directory.replace(old_dir)  # onto the empty directory mkdtemp made
@@ -233,7 +237,22 @@ def _pack(study_dir: Path, allow_fewer: bool, stated_commit: Optional[str]) -> O
     return directory
 
 
-def _write_published(staging: Path, study_dir: Path, raw: list, tables: dict, stated_commit: Optional[str]) -> None:
+def unended_elsewhere(old: Optional[Published], here: set[str]) -> list[str]:
+    """The published runs that had not ended (interrupted, crashed) and have no directory here: `restore` leaves
+    them out (they train again from the start), and packing carries their records over unchanged until a run
+    directory of that name replaces them, so that restoring a study to continue it does not stop `make results`
+    (nor drop the record of how far the stopped run got)."""
+    if old is None:
+        return []
+    return [row.run_name for row in old.table("runs").itertuples()
+            if row.run_name not in here and records.loads(row.summary).get("status") not in FINAL]
+
+
+def _rows_of(frame: pd.DataFrame, run_names: list[str]) -> pd.DataFrame:
+    return frame[frame["run_name"].isin(run_names)] if "run_name" in frame else frame.iloc[:0]
+
+
+def _write_published(staging: Path, study_dir: Path, tables: dict, stated_commit: Optional[str]) -> None:
     for name, frame in tables.items():
         if len(frame):
             frame.to_parquet(staging / f"{name}.parquet", index=False, compression="zstd")
@@ -242,7 +261,7 @@ def _write_published(staging: Path, study_dir: Path, raw: list, tables: dict, st
             shutil.copyfile(study_dir / name, staging / name)
     starts = start_lines(records.read_jsonl(study_dir / StudyDir.SWEEP_LOG))
     records.write_json(staging / MANIFEST, {
-        "format": FORMAT, "study": study_dir.name, "runs": len(raw),
+        "format": FORMAT, "study": study_dir.name, "runs": len(tables["runs"]),
         "commands": commands(starts),
         # the code that ran each invocation, where its sweep log says (invocations before commits were
         # logged have none)

@@ -24,11 +24,11 @@ the deepest; not reproduced when Post-LN trains at every depth (then the numbers
 not testable when no other scheme trains early at the deepest depth (the budget, not the scheme, decides)
 or when Post-LN fails at the shallowest depth too; the data cannot tell (cannot_tell.py) when the rates tried at
 the deepest depth reach no lower than its best rate at the nearest shallower depth where it trained
-(`below_its_range`, added with the grid's 1e-4, before its runs: a deeper model takes a lower rate, and
-Post-LN's only rate that trained at L18 was the grid's lowest), or when Post-LN fails at a depth between and
-trains at the deepest. "DeepNorm trains at every depth": every DeepNorm seed at its best rate trained within
-the budget at every depth. Records these rules cannot read (`unreadable`: a crashed run, runs of two budgets) make every claim
-that reads them not testable, saying why.
+(`below_its_range`, added after the study's first 96 runs, with the grid's 1e-4 and before its runs: a
+deeper model takes a lower rate, and Post-LN's only rate that trained at L18 was the grid's lowest), or when
+Post-LN fails at a depth between and trains at the deepest. "DeepNorm trains at every depth": every DeepNorm
+seed at its best rate trained within the budget at every depth. Records these rules cannot read (`unreadable`:
+a crashed run, runs of two budgets) make every claim that reads them not testable, saying why.
 """
 
 from __future__ import annotations
@@ -167,9 +167,17 @@ def how_far(runs: pd.DataFrame, norm: str, depth: int) -> str:
     of = runs[(runs["norm"] == norm) & (runs["depth"] == depth)]
     diverged = int(of["status"].eq("diverged").sum())
     learned = pd.to_numeric(of.get("learned_fraction", pd.Series(dtype=float)), errors="coerce").dropna()
-    most = f", the most any closed {learned.max():.1%} of the unigram-to-optimal gap ({TRAINED_FRACTION:.0%} " \
-           "trains)" if len(learned) else ""
-    return f"{diverged or 'none'} of its {len(of)} runs diverged{most}"
+    return f"{diverged or 'none'} of its {len(of)} runs diverged{_most_learned(learned)}"
+
+
+def _most_learned(learned: pd.Series) -> str:
+    """The largest share closed, as the page prints it; a best that prints as no gain says so in words (every run
+    ended a hair above the unigram loss reads "none closed any", not "the most any closed -0.1%")."""
+    if learned.empty:
+        return ""
+    if round(float(learned.max()), 3) <= 0:
+        return f", none closed any of the unigram-to-optimal gap (the most: {learned.max():.1%})"
+    return f", the most any closed {learned.max():.1%} of the unigram-to-optimal gap ({TRAINED_FRACTION:.0%} trains)"
 
 
 def trains_early(best: pd.DataFrame, norm: str, depth: int) -> bool:
