@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from .. import records
 from . import published_schema as schema
 from ..errors import HarnessError, first_line
-from ..lifecycle.summary import FINAL, write_summary
+from ..lifecycle.summary import has_ended, write_summary
 from ..sinks.layers import LayerFileSink
 from ..lifecycle.diagnosis import diagnosed_or_none
 from .runs import (RUN_KEYS, load_events, load_layer_records, load_scalars, needs_diagnosis, run_dirs, run_records,
@@ -205,7 +205,7 @@ def _pack(study_dir: Path, allow_fewer: bool, stated_commit: Optional[str]) -> O
         raise PublishError(f"{study_dir}: {len(training)} run(s) are being trained now ({training[0]}, ...); "
                            "pack when the sweep has ended or been stopped")
     old = load(study_dir)
-    carried = unended_elsewhere(old, {d.name for d, _ in raw})
+    carried = _unended_elsewhere(old, {d.name for d, _ in raw})
     if old is not None and len(old.table("runs")) > len(raw) + len(carried) and not allow_fewer:
         raise PublishError(f"{study_dir}: the published records hold {len(old.table('runs'))} runs and only "
                            f"{len(raw)} are here; packing would drop the others (run the rest of the sweep, or "
@@ -237,15 +237,15 @@ def _pack(study_dir: Path, allow_fewer: bool, stated_commit: Optional[str]) -> O
     return directory
 
 
-def unended_elsewhere(old: Optional[Published], here: set[str]) -> list[str]:
+def _unended_elsewhere(old: Optional[Published], here: set[str]) -> list[str]:
     """The published runs that had not ended (interrupted, crashed) and have no directory here: `restore` leaves
     them out (they train again from the start), and packing carries their records over unchanged until a run
     directory of that name replaces them, so that restoring a study to continue it does not stop `make results`
     (nor drop the record of how far the stopped run got)."""
     if old is None:
         return []
-    return [row.run_name for row in old.table("runs").itertuples()
-            if row.run_name not in here and records.loads(row.summary).get("status") not in FINAL]
+    ended = _ended_names(old)
+    return [name for name in old.table("runs")["run_name"] if name not in here and name not in ended]
 
 
 def _rows_of(frame: pd.DataFrame, run_names: list[str]) -> pd.DataFrame:
@@ -294,10 +294,11 @@ def ended_run_names(study_dir: Path) -> set[str]:
     """The names of the runs that ended in `study_dir`'s published records (those `restore` writes back), none
     where it has no published records; damaged ones raise PublishError."""
     packed = load(study_dir)
-    if packed is None:
-        return set()
-    return {row.run_name for row in packed.table("runs").itertuples()
-            if records.loads(row.summary).get("status") in FINAL}
+    return set() if packed is None else _ended_names(packed)
+
+
+def _ended_names(packed: Published) -> set[str]:
+    return {row.run_name for row in packed.table("runs").itertuples() if has_ended(records.loads(row.summary))}
 
 
 def restore(study_dir: Path) -> tuple[int, int]:
@@ -327,7 +328,7 @@ def _restore(study_dir: Path) -> tuple[int, int]:
     restored = left = 0
     for row in packed.table("runs").itertuples():
         summary, run_dir = records.loads(row.summary), study_dir / row.run_name
-        if summary.get("status") not in FINAL:
+        if not has_ended(summary):
             left += 1
             continue
         if run_dir.parent != study_dir or not schema.NAME.fullmatch(run_dir.name):  # load checked it: the last word
