@@ -254,12 +254,19 @@ def test_fp16_divergence_is_post_lns_at_the_deepest_depth_against_deepnorms_anyw
 
 
 def test_divergence_timing_and_verdicts():
-    runs = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=at) for s, at in enumerate((20, 40, 90, 250))])
+    runs = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=at, steps=3000)
+                         for s, at in enumerate((200, 400, 900, 2500))])
     probes = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=290) for s in range(9)])
-    e = evidence(runs_paper_depth_sweep=runs, runs_paper_depth_sweep_encdec=pd.DataFrame(),
+    e = evidence(runs_steps_to_train=runs, runs_steps_to_train_encdec=pd.DataFrame(),
                  runs_frontier_depth=probes)  # the frontier's probes diverge by design: not counted
     assert claims.divergence_is_early(e) == (True, "4 diverged runs; 3 in the first third of their steps; "
                                                    "median at 22% of the budget")
+    # the 300-step depth sweeps are not read: step 250 of 300 is late there, at a thirty-second of the paper's 8,000
+    late_in_300 = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=250) for s in range(9)])
+    assert claims.divergence_is_early(evidence(runs_steps_to_train=runs, runs_paper_depth_sweep=late_in_300))[0] is True
+    plateau = pd.DataFrame([run("post", 100, s, trained=False, steps=3000) for s in range(3)])
+    assert claims.divergence_is_early(evidence(runs_steps_to_train=plateau, runs_precision_fp16=plateau)) == (
+        None, "no run of the long-budget depth studies diverged (6 runs of 3,000 steps)")
     by_study = {c.study: c for c in claims.CLAIMS}
     assert by_study["paper_1000l"].judge(evidence(runs_paper_1000l=pd.DataFrame())).outcome == NOT_TESTABLE
     # the encoder-decoder depth claims read their own steps-to-train study
@@ -447,14 +454,13 @@ def test_a_claim_is_withheld_while_its_sweep_runs_as_its_sweep_log_says(tmp_path
     assert claims.CLAIMS[0].judge(fresh).outcome == REPRODUCED
 
 
-def test_divergence_timing_leaves_out_a_depth_sweep_in_progress():
+def test_divergence_timing_leaves_out_a_long_budget_study_in_progress():
     early = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=20) for s in range(4)])
     late = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=280) for s in range(8)])
-    e = evidence(runs_paper_depth_sweep=early, runs_paper_depth_sweep_encdec=late,
-                 finished_paper_depth_sweep_encdec=False)
+    e = evidence(runs_steps_to_train=early, runs_steps_to_train_encdec=late, finished_steps_to_train_encdec=False)
     met, numbers = claims.divergence_is_early(e)
-    assert met is True and numbers.endswith("(paper_depth_sweep_encdec left out: its sweep has not finished)")
-    assert claims.divergence_is_early(evidence(runs_paper_depth_sweep=early, runs_paper_depth_sweep_encdec=late))[0] is False
+    assert met is True and numbers.endswith("(steps_to_train_encdec left out: its sweep has not finished)")
+    assert claims.divergence_is_early(evidence(runs_steps_to_train=early, runs_steps_to_train_encdec=late))[0] is False
 
 
 def test_the_results_page_marks_a_study_whose_sweep_has_not_finished(tmp_path):
