@@ -2,6 +2,7 @@
 end to end through `make results`, is tested in test_analysis.py on a real tiny sweep)."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import yaml
@@ -251,6 +252,17 @@ def test_fp16_divergence_is_post_lns_at_the_deepest_depth_against_deepnorms_anyw
     shallow_only = plateau.where(plateau["depth"] != 18, fp32)
     assert check(evidence(runs_precision_fp16=runs("completed"), runs_steps_to_train=shallow_only))[0] is None
     assert check(evidence(runs_precision_fp16=runs("completed")))[0] is None  # no fp32 twin at all
+
+
+def test_the_precision_preset_sits_where_fp32_post_ln_trains_at_its_deeper_depth():
+    """The fp16 rule decides only where Post-LN trains in fp32 at the deeper depth at the preset's rate (else "not
+    testable": its first preset, 1e-3 at depths 18 and 50, could not decide); read from the committed records."""
+    from deepnorm_exp.compose import compose_with_hydra
+    cfg = compose_with_hydra(["experiment=precision_fp16"])
+    depths = [int(d) for d in str(cfg.hydra.sweeper.params.depth).split(",")]
+    fp32 = Evidence(Path(__file__).parents[1] / "runs").runs("steps_to_train")
+    twin = fp32[(fp32["norm"] == "post") & (fp32["depth"] == max(depths)) & (fp32["train.lr"] == cfg.train.lr)]
+    assert len(twin) >= 2 and claims.trained(twin).all(), (max(depths), cfg.train.lr)
 
 
 def test_divergence_timing_and_verdicts():

@@ -353,11 +353,12 @@ CLAIMS = [
           "frontier by the range's lowest rate, read as the strongest evidence of a fall",
           frontier_flatter_for_deepnorm),
     Claim("In mixed precision, as the paper trained, Post-LN diverges with depth.", PRECISION_STUDY,
-          "fp16 with dynamic loss scaling, steps_to_train's protocol at 1e-3, depths 18 and 50, two seeds: a Post-LN "
-          "run diverges (the divergence rule stopped it) at the deeper depth while no DeepNorm run diverges (not "
-          "reproduced: no Post-LN run diverges, at a rate where Post-LN trains in fp32 at the deeper depth; not "
-          "testable: DeepNorm diverges too, or no fp32 Post-LN seed trains at the deeper depth at this rate, a "
-          "reading added after the runs: runs on the plateau cannot show what half precision adds)",
+          "fp16 with dynamic loss scaling, steps_to_train's protocol at two depths and one rate, two seeds: a "
+          "Post-LN run diverges (the divergence rule stopped it) at the deeper depth while no DeepNorm run diverges "
+          "(not reproduced: no Post-LN run diverges, at a rate where Post-LN trains in fp32 at the deeper depth; "
+          "not testable: DeepNorm diverges too, or no fp32 Post-LN seed trains at the deeper depth at this rate, a "
+          "reading added after the preset's first runs, at 1e-3 and depths 18 and 50: runs on the plateau cannot "
+          "show what half precision adds; the preset runs at 3e-4 and depths 6 and 18 since 2026-12-07)",
           post_diverges_in_fp16),
     Claim("Divergence happens early in training (why the paper's depth sweep trained only 8,000 steps).",
           STEPS_STUDY, "at least 3/4 of the diverged runs of the long-budget depth studies (steps_to_train, its "
