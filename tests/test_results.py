@@ -252,6 +252,11 @@ def test_fp16_divergence_is_post_lns_at_the_deepest_depth_against_deepnorms_anyw
     shallow_only = plateau.where(plateau["depth"] != 18, fp32)
     assert check(evidence(runs_precision_fp16=runs("completed"), runs_steps_to_train=shallow_only))[0] is None
     assert check(evidence(runs_precision_fp16=runs("completed")))[0] is None  # no fp32 twin at all
+    # each run goes its whole budget: one that trained at step 200 and diverged at 900 diverged
+    late = runs("completed").assign(status=lambda f: f["status"].where(
+        (f["norm"] != "post") | (f["depth"] != 50), "diverged"), diverged_at_step=900)
+    met, numbers = check(evidence(runs_precision_fp16=late, runs_steps_to_train=fp32))
+    assert met is True and numbers.startswith("fp16: Post-LN L18 trained, L50 diverged;")
 
 
 def test_the_precision_preset_sits_where_fp32_post_ln_trains_at_its_deeper_depth():
@@ -272,13 +277,26 @@ def test_divergence_timing_and_verdicts():
     e = evidence(runs_steps_to_train=runs, runs_steps_to_train_encdec=pd.DataFrame(),
                  runs_frontier_depth=probes)  # the frontier's probes diverge by design: not counted
     assert claims.divergence_is_early(e) == (True, "4 diverged runs; 3 in the first third of their steps; "
-                                                   "median at 22% of the budget")
+                                                   "median at 22% of the budget (4 runs of 3,000 steps) (left out: "
+                                                   "steps_to_train_encdec: not run yet; precision_fp16: not run yet)")
     # the 300-step depth sweeps are not read: step 250 of 300 is late there, at a thirty-second of the paper's 8,000
     late_in_300 = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=250) for s in range(9)])
     assert claims.divergence_is_early(evidence(runs_steps_to_train=runs, runs_paper_depth_sweep=late_in_300))[0] is True
-    plateau = pd.DataFrame([run("post", 100, s, trained=False, steps=3000) for s in range(3)])
-    assert claims.divergence_is_early(evidence(runs_steps_to_train=plateau, runs_precision_fp16=plateau)) == (
-        None, "no run of the long-budget depth studies diverged (6 runs of 3,000 steps)")
+    # runs stopped once trained are watched only until then: the numbers say how many, and when
+    plateau = pd.DataFrame([run("post", 100, s, trained=False, steps=3000, steps_completed=3000) for s in range(3)])
+    stopped = pd.DataFrame([run("pre", 100, s, steps=3000, steps_completed=at, trained_at_step=at)
+                            for s, at in enumerate((100, 150, 400))])
+    assert claims.divergence_is_early(evidence(runs_steps_to_train=pd.concat([plateau, stopped]),
+                                               runs_precision_fp16=plateau)) == (
+        None, "no run of the long-budget depth studies diverged (9 runs of 3,000 steps, 3 of them stopped once "
+              "trained (median step 150: a later divergence is not seen)) (left out: steps_to_train_encdec: not run "
+              "yet)")
+    # records it cannot read (a crash, two budgets in one study; a diverged run without its step) decide nothing
+    crashed = pd.concat([runs, pd.DataFrame([run("post", 6, 9, status="failed", steps=3000)])])
+    met, numbers = claims.divergence_is_early(evidence(runs_steps_to_train=crashed))
+    assert met is None and "steps_to_train: 1 run crashed" in numbers
+    no_step = runs.assign(diverged_at_step=[200, None, "?", 2500])
+    assert claims.divergence_is_early(evidence(runs_steps_to_train=no_step))[0] is None
     by_study = {c.study: c for c in claims.CLAIMS}
     assert by_study["paper_1000l"].judge(evidence(runs_paper_1000l=pd.DataFrame())).outcome == NOT_TESTABLE
     # the encoder-decoder depth claims read their own steps-to-train study
@@ -471,7 +489,8 @@ def test_divergence_timing_leaves_out_a_long_budget_study_in_progress():
     late = pd.DataFrame([run("post", 100, s, status="diverged", diverged_at_step=280) for s in range(8)])
     e = evidence(runs_steps_to_train=early, runs_steps_to_train_encdec=late, finished_steps_to_train_encdec=False)
     met, numbers = claims.divergence_is_early(e)
-    assert met is True and numbers.endswith("(steps_to_train_encdec left out: its sweep has not finished)")
+    assert met is True and numbers.endswith("(left out: steps_to_train_encdec: its sweep has not finished; "
+                                            "precision_fp16: not run yet)")
     assert claims.divergence_is_early(evidence(runs_steps_to_train=early, runs_steps_to_train_encdec=late))[0] is False
 
 

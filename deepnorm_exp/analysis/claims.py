@@ -28,6 +28,7 @@ from .plots import NORM_NAMES
 from . import early_window as early
 from . import final_quality as final
 from . import steps_to_train
+from .runs import outcomes
 
 STEPS_STUDY, STEPS_ENCDEC = "steps_to_train", "steps_to_train_encdec"
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, UNDECIDED, NOT_RUN, UNFINISHED = (
@@ -193,9 +194,13 @@ def post_diverges_in_fp16(e: Evidence):
     deepest depth at that rate: runs that never leave the plateau cannot show what half precision adds."""
     if why := steps_to_train.unreadable(e.runs(PRECISION_STUDY)):
         return None, why
-    ran = steps_to_train.run_outcomes(e.runs(PRECISION_STUDY))
+    runs = e.runs(PRECISION_STUDY)
+    ran = steps_to_train.run_outcomes(runs)
     if ran.empty:
         return None, "no run has ended"
+    # a run that trained and later diverged diverged (since 2026-12-07, before the runs at 3e-4, which go the
+    # whole budget: run_outcomes reads a run by its steps-to-train first)
+    ran = ran.assign(ended=ran["ended"].mask(runs.loc[ran.index, "status"].eq("diverged"), "diverged"))
 
     def ended(rows: pd.DataFrame) -> str:
         return ", ".join(f"L{d} " + "/".join(sorted(g["ended"])) for d, g in rows.groupby("depth")) or "no run"
@@ -223,23 +228,44 @@ def post_diverges_in_fp16(e: Evidence):
 LONG_BUDGET_STUDIES = (STEPS_STUDY, STEPS_ENCDEC, PRECISION_STUDY)
 
 
+def long_budget_runs(e: Evidence) -> tuple[pd.DataFrame, list[str]]:
+    """The ended runs of the long-budget depth studies that can be read, and what was left out and why."""
+    read, left_out = [], []
+    for study in LONG_BUDGET_STUDIES:
+        runs = e.runs(study)
+        why = ("not run yet" if runs.empty else "its sweep has not finished" if not e.finished(study) else
+               steps_to_train.unreadable(runs))
+        if why:
+            left_out.append(f"{study}: {why}")
+        else:
+            read.append(outcomes(runs))
+    return (pd.concat(read, ignore_index=True) if read else pd.DataFrame()), left_out
+
+
 def divergence_is_early(e: Evidence):
     """Every run of the long-budget depth studies, at each rate of its scheme's own range (none is a frontier
-    probe, which diverges by design), a divergence's step over its run's budget."""
-    unfinished = [s for s in LONG_BUDGET_STUDIES if not e.runs(s).empty and not e.finished(s)]
-    left_out = f" ({', '.join(unfinished)} left out: its sweep has not finished)" if unfinished else ""
-    runs = [e.runs(s) for s in LONG_BUDGET_STUDIES if s not in unfinished and not e.runs(s).empty]
-    if not runs:
-        return None, "no long-budget depth study has run to its end" + left_out
-    runs = pd.concat(runs, ignore_index=True)
-    budgets = " or ".join(f"{b:,.0f}" for b in sorted(pd.to_numeric(runs["steps"], errors="coerce").dropna().unique()))
-    diverged = runs[runs["status"] == "diverged"]
-    if diverged.empty:
-        return None, f"no run of the long-budget depth studies diverged ({len(runs)} runs of {budgets} steps){left_out}"
-    share = (diverged["diverged_at_step"] / diverged["steps"]).astype(float)
+    probe, which diverges by design), a divergence's step over its run's budget. A run stopped once it trained
+    (train.stop_when_trained) is watched only until then: the numbers say how many were."""
+    runs, left_out = long_budget_runs(e)
+    left = f" (left out: {'; '.join(left_out)})" if left_out else ""
+    if runs.empty:
+        return None, "no long-budget depth study to read" + left
+    number = {key: pd.to_numeric(runs.get(key, pd.Series(np.nan, index=runs.index)), errors="coerce")
+              for key in ("steps", "steps_completed", "diverged_at_step", "trained_at_step")}
+    diverged = runs["status"].eq("diverged")
+    stopped = ~diverged & number["trained_at_step"].notna() & (number["steps_completed"] < number["steps"])
+    watched = (f"{len(runs)} runs of {' or '.join(f'{b:,.0f}' for b in sorted(number['steps'].dropna().unique()))} "
+               "steps" + (f", {int(stopped.sum())} of them stopped once trained (median step "
+                          f"{number['trained_at_step'][stopped].median():,.0f}: a later divergence is not seen)"
+                          if stopped.any() else ""))
+    if not diverged.any():
+        return None, f"no run of the long-budget depth studies diverged ({watched}){left}"
+    share = (number["diverged_at_step"] / number["steps"])[diverged]
+    if share.isna().any():
+        return None, f"{int(share.isna().sum())} diverged runs without a step and budget to read ({watched}){left}"
     return bool((share <= 1 / 3).mean() >= 0.75), (
-        f"{len(diverged)} diverged runs; {(share <= 1 / 3).sum()} in the first third of their steps; median at "
-        f"{share.median():.0%} of the budget{left_out}")
+        f"{int(diverged.sum())} diverged runs; {(share <= 1 / 3).sum()} in the first third of their steps; median at "
+        f"{share.median():.0%} of the budget ({watched}){left}")
 
 
 def thousand_layers(e: Evidence):
@@ -353,17 +379,19 @@ CLAIMS = [
           "frontier by the range's lowest rate, read as the strongest evidence of a fall",
           frontier_flatter_for_deepnorm),
     Claim("In mixed precision, as the paper trained, Post-LN diverges with depth.", PRECISION_STUDY,
-          "fp16 with dynamic loss scaling, steps_to_train's protocol at two depths and one rate, two seeds: a "
-          "Post-LN run diverges (the divergence rule stopped it) at the deeper depth while no DeepNorm run diverges "
+          "fp16 with dynamic loss scaling, steps_to_train's training at two depths and one rate, two seeds, each "
+          "run to the end of its budget: a Post-LN run diverges (the divergence rule stopped it, whether or not it "
+          "had trained) at the deeper depth while no DeepNorm run diverges "
           "(not reproduced: no Post-LN run diverges, at a rate where Post-LN trains in fp32 at the deeper depth; "
           "not testable: DeepNorm diverges too, or no fp32 Post-LN seed trains at the deeper depth at this rate, a "
           "reading added after the preset's first runs, at 1e-3 and depths 18 and 50: runs on the plateau cannot "
-          "show what half precision adds; the preset runs at 3e-4 and depths 6 and 18 since 2026-12-07)",
+          "show what half precision adds; the preset's second setting, since 2026-12-07, is where fp32 Post-LN trains)",
           post_diverges_in_fp16),
     Claim("Divergence happens early in training (why the paper's depth sweep trained only 8,000 steps).",
           STEPS_STUDY, "at least 3/4 of the diverged runs of the long-budget depth studies (steps_to_train, its "
-          "encoder-decoder twin and precision_fp16) diverged in the first third of their steps "
-          "(read there since 2026-12-07, after their runs; the 300-step depth sweeps before)", divergence_is_early),
+          "encoder-decoder twin and precision_fp16) diverged in the first third of their steps (read there since "
+          "2026-12-07, after the runs of the two steps_to_train studies; the 300-step depth sweeps before)",
+          divergence_is_early),
     Claim("A 1,000-layer DeepNorm model (500L-500L) trains, at d_model 64.", THOUSAND_HERE,
           "trained until it has trained or for 2,000 steps, one seed each: DeepNorm trains within the budget (not "
           "reproduced: it diverges, or does not train while Pre-LN does; neither trains: not testable)",

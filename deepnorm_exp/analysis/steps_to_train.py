@@ -293,7 +293,7 @@ ENCDEC = Study("steps_to_train_encdec", "Slow or unstable, encoder-decoder",
                steps_section, dashboard=steps_dashboard)
 FP16 = Study("precision_fp16", "Mixed precision, as the paper trained",
              "Post-LN and DeepNorm in fp16 with dynamic loss scaling at two depths and a rate where fp32 Post-LN "
-             "trains at both (the preset), two seeds, steps_to_train's protocol (until trained or 3,000 steps).", steps_section, dashboard=steps_dashboard)
+             "trains at both (the preset), two seeds, steps_to_train's training, each run for its whole budget.", steps_section, dashboard=steps_dashboard)
 THOUSAND_LAYERS = Study("encdec_1000l", "1,000 layers at this width",
                         "DeepNorm and Pre-LN 500L-500L encoder-decoders at d_model 64 on the synthetic translation task, "
                         "one seed each, the encoder-decoder depth sweep's training, each until it has trained or for "
