@@ -211,6 +211,19 @@ def test_a_crashed_seed_is_not_read_as_a_seed_that_trained_or_as_a_missing_depth
     assert met is None and numbers.startswith("4 runs crashed") and "run again, resumes them" in numbers
 
 
+def test_a_run_that_trained_and_then_diverged_ended_diverged_and_still_trained_at_its_step():
+    """A run not stopped once trained (precision_fp16) may diverge after: it ended diverged, and its
+    steps-to-train stands (trained by the budget, not among the seeds that did not train)."""
+    from deepnorm_exp.analysis.steps_to_train import at_long_budget, cell_table, run_outcomes
+
+    ran = run_outcomes(runs_frame([("post", 18, 3e-4, [(550, "diverged", "loss_blow_up"),
+                                                       (None, "completed", "stuck_on_plateau")])]))
+    assert list(ran["ended"]) == ["diverged", "censored"] and list(ran["why"]) == ["diverged", "stuck_on_plateau"]
+    cell = cell_table(ran).iloc[0]
+    assert (cell["by_budget"], cell["median"], cell["not_trained"]) == (1, 550, "1 stuck_on_plateau")
+    assert at_long_budget(ran, "post", 18, finished=True).startswith("trains within 3,000 steps (first at lr")
+
+
 def test_runs_of_two_budgets_are_not_read_as_one():
     """Post-LN's deepest runs at 300 steps beside the others' 3,000: a 300-step plateau read as 'fails'."""
     from deepnorm_exp.analysis.steps_to_train import deepnorm_trains_everywhere, post_unstable_with_depth

@@ -194,13 +194,9 @@ def post_diverges_in_fp16(e: Evidence):
     deepest depth at that rate: runs that never leave the plateau cannot show what half precision adds."""
     if why := steps_to_train.unreadable(e.runs(PRECISION_STUDY)):
         return None, why
-    runs = e.runs(PRECISION_STUDY)
-    ran = steps_to_train.run_outcomes(runs)
+    ran = steps_to_train.run_outcomes(e.runs(PRECISION_STUDY))  # a run that trained, then diverged: diverged
     if ran.empty:
         return None, "no run has ended"
-    # a run that trained and later diverged diverged (since 2026-12-07, before the runs at 3e-4, which go the
-    # whole budget: run_outcomes reads a run by its steps-to-train first)
-    ran = ran.assign(ended=ran["ended"].mask(runs.loc[ran.index, "status"].eq("diverged"), "diverged"))
 
     def ended(rows: pd.DataFrame) -> str:
         return ", ".join(f"L{d} " + "/".join(sorted(g["ended"])) for d, g in rows.groupby("depth")) or "no run"

@@ -56,12 +56,13 @@ CELL = ["norm", "depth", "lr"]
 
 def run_outcomes(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per run that ended: its cell, seed, budget, steps-to-train (NaN: never) and how it ended
-    (trained, diverged, censored), with its diagnosis where it did not train."""
+    (diverged, whether or not it had trained first, as a run not stopped once trained may; else trained, else
+    censored), with its diagnosis where it did not train."""
     ended = outcomes(runs)
     if ended.empty:
         return pd.DataFrame(columns=[*CELL, "seed", "budget", "trained_at", "ended", "why"])
     trained_at = pd.to_numeric(ended.get("trained_at_step", pd.Series(np.nan, index=ended.index)), errors="coerce")
-    ended_as = np.where(trained_at.notna(), "trained", np.where(ended["status"].eq("diverged"), "diverged", "censored"))
+    ended_as = np.where(ended["status"].eq("diverged"), "diverged", np.where(trained_at.notna(), "trained", "censored"))
     why = ended.get("diagnosis.kind", pd.Series(None, index=ended.index)).fillna("none")
     return pd.DataFrame({"norm": ended["norm"], "depth": ended["depth"].astype(int),
                          "lr": pd.to_numeric(config_column(ended, "train.lr"), errors="coerce"),
@@ -86,7 +87,7 @@ def cell_table(ran: pd.DataFrame) -> pd.DataFrame:
                      "by_short": int((cell["trained_at"] <= SHORT_BUDGET).sum()),
                      "by_budget": int(cell["trained_at"].notna().sum()),
                      "median": median_steps(cell["trained_at"]),
-                     "not_trained": counted(cell.loc[cell["ended"] != "trained", "why"])})
+                     "not_trained": counted(cell.loc[cell["trained_at"].isna(), "why"])})
     return pd.DataFrame(rows, columns=[*CELL, "seeds", "budget", "by_short", "by_budget", "median", "not_trained"])
 
 
@@ -127,7 +128,7 @@ def at_long_budget(ran: pd.DataFrame, norm: str, depth: int, finished: bool) -> 
     (each run's end counted); or nothing can be said yet. A trained run settles it even before the sweep
     has finished; "at no rate" waits for every run."""
     of = ran[(ran["norm"] == norm) & (ran["depth"] == depth)]
-    trained = of[of["ended"] == "trained"].sort_values(["trained_at", "lr"])
+    trained = of[of["trained_at"].notna()].sort_values(["trained_at", "lr"])
     if not trained.empty:
         first = trained.iloc[0]
         return (f"trains within {int(first['budget']):,} steps (first at lr {first['lr']:.3g}, by step "
@@ -293,7 +294,8 @@ ENCDEC = Study("steps_to_train_encdec", "Slow or unstable, encoder-decoder",
                steps_section, dashboard=steps_dashboard)
 FP16 = Study("precision_fp16", "Mixed precision, as the paper trained",
              "Post-LN and DeepNorm in fp16 with dynamic loss scaling at two depths and a rate where fp32 Post-LN "
-             "trains at both (the preset), two seeds, steps_to_train's training, each run for its whole budget.", steps_section, dashboard=steps_dashboard)
+             "trains at both (the preset), two seeds, steps_to_train's training, each run for its whole budget.",
+             steps_section, dashboard=steps_dashboard)
 THOUSAND_LAYERS = Study("encdec_1000l", "1,000 layers at this width",
                         "DeepNorm and Pre-LN 500L-500L encoder-decoders at d_model 64 on the synthetic translation task, "
                         "one seed each, the encoder-decoder depth sweep's training, each until it has trained or for "
